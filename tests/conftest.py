@@ -1,0 +1,10 @@
+"""Shared test settings: CPU, float32, deterministic."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield
