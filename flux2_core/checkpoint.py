@@ -2,8 +2,8 @@
 
 A user may point at a single ``.safetensors`` file, at a folder holding one model's shards (with or without an
 ``*.index.json``), or at the root of a diffusers repository (``model_index.json`` plus ``transformer/``,
-``text_encoder/``, ``vae/``...), in which case the wanted component's subfolder is used. Pickle files are never
-opened. ``load_into`` fills a module that was built on the meta device, strictly.
+``text_encoder/``, ``vae/``...), in which case the wanted component's subfolder is used. Pickle files
+are never opened. ``load_into`` fills a module that was built on the meta device, strictly.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
     if path.is_file():
         _check_suffix(path)
         model_index = _read_json(path.parent / "model_index.json")
-        return Checkpoint(path, *_read_files([path]), config=None, model_index=model_index, folder=path.parent)
+        return Checkpoint(
+            path, *_read_files([path]), config=None, model_index=model_index, folder=path.parent
+        )
 
     model_index = _read_json(path / "model_index.json") or _read_json(path.parent / "model_index.json")
     if (path / component).is_dir():
@@ -120,7 +122,9 @@ def _check_suffix(path: Path) -> None:
             "use the .safetensors release of the model"
         )
     if suffix != ".safetensors":
-        raise Flux2Error(f"{path.name} is not a .safetensors file: only safetensors checkpoints are supported")
+        raise Flux2Error(
+            f"{path.name} is not a .safetensors file: only safetensors checkpoints are supported"
+        )
 
 
 def _shard_files(folder: Path) -> list[Path]:

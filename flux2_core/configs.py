@@ -1,6 +1,6 @@
 """Architecture records and sampling variants of the FLUX.2 family.
 
-The sizes of a model are always read from its checkpoint (see ``transformer_config_from_state_dict``); the named
+The sizes of a model are always read from its checkpoint (see ``loading.transformer_config``); the named
 presets below are the published shapes, used to put a name on what a file holds and as checks in the tests.
 Presets are frozen: derive new ones with ``dataclasses.replace``.
 """
@@ -88,4 +88,6 @@ def get_variant(name: str) -> Variant:
     try:
         return VARIANTS[name]
     except KeyError:
-        raise Flux2Error(f"unknown variant {name!r}: choose one of {', '.join(VARIANTS)} (or 'auto')") from None
+        raise Flux2Error(
+            f"unknown variant {name!r}: choose one of {', '.join(VARIANTS)} (or 'auto')"
+        ) from None

@@ -1,0 +1,69 @@
+"""Reference key/value cache of the klein 9B-KV checkpoint.
+
+On the first step the reference tokens are run once, modulated at t = 0 and attending only to themselves; each
+block stores their keys and values (after QK-norm and RoPE). Later steps run only text and noisy tokens and
+splice the stored K/V in between: ``K = [k_txt, k_ref, k_img]``. Because reference tokens never see the text,
+the noise or the timestep, the cache is exact, and one cache could serve any prompt, seed or step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import Flux2Error
+
+
+class RefKVLayer:
+    """Keys and values of the reference tokens in one block, [B, heads, R, head_dim]."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def filled(self) -> bool:
+        return self.k is not None
+
+    def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
+
+    def get(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.k is None or self.v is None:
+            raise Flux2Error(
+                "the reference KV cache is empty: run the first (extract) step with the references before "
+                "the cached steps"
+            )
+        if self.k.shape[0] == batch_size:
+            return self.k, self.v
+        if self.k.shape[0] == 1:
+            return self.k.expand(batch_size, -1, -1, -1), self.v.expand(batch_size, -1, -1, -1)
+        raise Flux2Error(
+            f"the reference KV cache was filled for a batch of {self.k.shape[0]}, not {batch_size}: "
+            "extract it again for this batch size"
+        )
+
+
+class RefKVCache:
+    """One ``RefKVLayer`` per double and per single block, plus the number of reference tokens."""
+
+    def __init__(self, num_double: int, num_single: int) -> None:
+        self.double = [RefKVLayer() for _ in range(num_double)]
+        self.single = [RefKVLayer() for _ in range(num_single)]
+        self.num_ref_tokens = 0
+
+    @property
+    def filled(self) -> bool:
+        return all(layer.filled for layer in self.double + self.single)
+
+    def clear(self) -> None:
+        for layer in self.double + self.single:
+            layer.k = layer.v = None
+        self.num_ref_tokens = 0
+
+    def nbytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size()
+            for layer in self.double + self.single
+            for t in (layer.k, layer.v)
+            if t is not None
+        )

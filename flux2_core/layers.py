@@ -1,0 +1,211 @@
+"""Building blocks of the FLUX.2 DiT. Attribute names are the BFL checkpoint keys.
+
+Tensor layout inside attention: [B, heads, L, head_dim]. The joint sequence is always ordered
+[text, (references,) image]; ``joint_attention`` takes care of the reference-only attention of the KV model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from .kv_cache import RefKVLayer
+from .rope import apply_rope
+
+NORM_EPS = 1e-6
+
+
+def timestep_embedding(t: torch.Tensor, dim: int = 256, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal embedding of ``1000 * t`` (t in [0, 1]), cos first: [B, dim], float32."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = (1000.0 * t.float())[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def layer_norm(x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), eps=NORM_EPS)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (1 + scale) * layer_norm(x) + shift
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """The gate is the first half: silu(gate) * up."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class SwiGLU(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x)
+
+
+class MLPEmbedder(nn.Module):
+    def __init__(self, in_dim: int, hidden: int):
+        super().__init__()
+        self.in_layer = nn.Linear(in_dim, hidden, bias=False)
+        self.out_layer = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_layer(F.silu(self.in_layer(x)))
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over head_dim; the weight is named ``scale`` as in the checkpoints."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in float32, weight applied after the cast back (BFL order).
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=NORM_EPS).to(x.dtype) * self.scale
+
+
+class QKNorm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.query_norm = RMSNorm(dim)
+        self.key_norm = RMSNorm(dim)
+
+
+class SelfAttention(nn.Module):
+    """Holds qkv / norm / proj so their keys match the checkpoint; the blocks drive the attention."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.norm = QKNorm(dim // num_heads)
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return split_qkv(self.qkv(x), self.num_heads, self.norm)
+
+
+def split_qkv(qkv: torch.Tensor, num_heads: int, norm: QKNorm) -> tuple[torch.Tensor, ...]:
+    """[B, L, 3 * H] -> normalised q, k and v, each [B, heads, L, head_dim]."""
+    q, k, v = rearrange(qkv, "B L (K H D) -> K B H L D", K=3, H=num_heads)
+    return norm.query_norm(q).to(v.dtype), norm.key_norm(k).to(v.dtype), v
+
+
+class Modulation(nn.Module):
+    """Global modulation: one linear map of silu(vec) shared by every block of a kind."""
+
+    def __init__(self, dim: int, double: bool):
+        super().__init__()
+        self.multiplier = 6 if double else 3
+        self.lin = nn.Linear(dim, self.multiplier * dim, bias=False)
+
+    def forward(self, vec: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
+        out = self.lin(F.silu(vec))[:, None, :].chunk(self.multiplier, dim=-1)  # each [B, 1, H]
+        return tuple(tuple(out[i : i + 3]) for i in range(0, self.multiplier, 3))  # (shift, scale, gate) sets
+
+
+def joint_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pe: torch.Tensor,
+    num_txt: int,
+    num_ref: int = 0,
+    kv: RefKVLayer | None = None,
+) -> torch.Tensor:
+    """Attention over [txt, (ref,) img] after RoPE; returns [B, L, heads * head_dim].
+
+    - ``kv`` empty (KV extract): the ``num_ref`` reference queries after the text attend only to reference
+      keys, all other queries attend to everything; the reference K/V are stored in ``kv``.
+    - ``kv`` filled (KV cached): the stored reference K/V are spliced in after the text keys.
+    """
+    q, k = apply_rope(q, pe), apply_rope(k, pe)
+    if kv is not None and not kv.filled:
+        ref = slice(num_txt, num_txt + num_ref)
+        kv.store(k[:, :, ref], v[:, :, ref])
+        if num_ref == 0:
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out_ref = F.scaled_dot_product_attention(q[:, :, ref], k[:, :, ref], v[:, :, ref])
+            q_rest = torch.cat([q[:, :, :num_txt], q[:, :, ref.stop :]], dim=2)
+            out_rest = F.scaled_dot_product_attention(q_rest, k, v)
+            out = torch.cat([out_rest[:, :, :num_txt], out_ref, out_rest[:, :, num_txt:]], dim=2)
+    elif kv is not None:
+        k_ref, v_ref = kv.get(q.shape[0])
+        k = torch.cat([k[:, :, :num_txt], k_ref, k[:, :, num_txt:]], dim=2)
+        v = torch.cat([v[:, :, :num_txt], v_ref, v[:, :, num_txt:]], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v)
+    return rearrange(out, "B H L D -> B L (H D)")
+
+
+class DoubleStreamBlock(nn.Module):
+    """Text and image keep separate weights and attend jointly."""
+
+    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int):
+        super().__init__()
+        self.img_attn = SelfAttention(hidden, num_heads)
+        self.img_mlp = nn.Sequential(
+            nn.Linear(hidden, 2 * mlp_hidden, bias=False), SwiGLU(), nn.Linear(mlp_hidden, hidden, bias=False)
+        )
+        self.txt_attn = SelfAttention(hidden, num_heads)
+        self.txt_mlp = nn.Sequential(
+            nn.Linear(hidden, 2 * mlp_hidden, bias=False), SwiGLU(), nn.Linear(mlp_hidden, hidden, bias=False)
+        )
+
+    def forward(self, img, txt, mod_img, mod_txt, pe, num_ref=0, kv=None):
+        (img_sh1, img_sc1, img_g1), (img_sh2, img_sc2, img_g2) = mod_img
+        (txt_sh1, txt_sc1, txt_g1), (txt_sh2, txt_sc2, txt_g2) = mod_txt
+        img_q, img_k, img_v = self.img_attn.qkv_heads(modulate(img, img_sh1, img_sc1))
+        txt_q, txt_k, txt_v = self.txt_attn.qkv_heads(modulate(txt, txt_sh1, txt_sc1))
+        attn = joint_attention(
+            torch.cat([txt_q, img_q], dim=2),
+            torch.cat([txt_k, img_k], dim=2),
+            torch.cat([txt_v, img_v], dim=2),
+            pe,
+            num_txt=txt.shape[1],
+            num_ref=num_ref,
+            kv=kv,
+        )
+        txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
+        img = img + img_g1 * self.img_attn.proj(img_attn)
+        img = img + img_g2 * self.img_mlp(modulate(img, img_sh2, img_sc2))
+        txt = txt + txt_g1 * self.txt_attn.proj(txt_attn)
+        txt = txt + txt_g2 * self.txt_mlp(modulate(txt, txt_sh2, txt_sc2))
+        return img, txt
+
+
+class SingleStreamBlock(nn.Module):
+    """Parallel attention + MLP on the joint sequence, with fused input and output projections."""
+
+    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.hidden = hidden
+        self.mlp_hidden = mlp_hidden
+        self.linear1 = nn.Linear(hidden, 3 * hidden + 2 * mlp_hidden, bias=False)  # rows [q|k|v|gate|up]
+        self.linear2 = nn.Linear(hidden + mlp_hidden, hidden, bias=False)
+        self.norm = QKNorm(hidden // num_heads)
+
+    def forward(self, x, mod, pe, num_txt, num_ref=0, kv=None):
+        shift, scale, gate = mod
+        qkv, mlp = self.linear1(modulate(x, shift, scale)).split([3 * self.hidden, 2 * self.mlp_hidden], -1)
+        q, k, v = split_qkv(qkv, self.num_heads, self.norm)
+        attn = joint_attention(q, k, v, pe, num_txt=num_txt, num_ref=num_ref, kv=kv)
+        return x + gate * self.linear2(torch.cat([attn, swiglu(mlp)], dim=-1))
+
+
+class LastLayer(nn.Module):
+    def __init__(self, hidden: int, out_channels: int):
+        super().__init__()
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 2 * hidden, bias=False))
+        self.linear = nn.Linear(hidden, out_channels, bias=False)
+
+    def forward(self, x: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(vec)[:, None, :].chunk(2, dim=-1)  # (shift, scale) in BFL files
+        return self.linear(modulate(x, shift, scale))

@@ -1,0 +1,139 @@
+"""Reference images for editing: validation, pixel cap, multiple-of-16 centre crop, encoding to tokens.
+
+Preprocessing follows BFL and diffusers: reject a side under 64 px or an aspect ratio over 8:1; when the image
+has more than ``max_pixels`` pixels, scale it by sqrt(max_pixels / area) (sizes truncated to int, Lanczos); then
+centre-crop (never resize) to multiples of 16. The two references differ on the cap: BFL allows 2024^2 for a
+single reference and 1024^2 for several, diffusers always 1024^2. We default to 1024^2 for every reference
+(diffusers; also what ComfyUI's klein templates feed), and let the caller raise it.
+
+Reference k is packed after the noisy tokens with position ids t = 10 * (k + 1) on its own latent grid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .errors import Flux2Error
+from .rope import reference_ids
+
+MAX_REFERENCE_PIXELS = 1024 * 1024
+MIN_SIDE = 64
+MAX_ASPECT = 8.0
+MULTIPLE = 16
+
+
+@dataclass
+class ReferenceLatents:
+    """Encoded references: tokens [1, R, 128] (float32), ids [R, 4], and each reference's latent grid."""
+
+    tokens: torch.Tensor
+    ids: torch.Tensor
+    grid_sizes: list[tuple[int, int]]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[1]
+
+    def __len__(self) -> int:
+        return len(self.grid_sizes)
+
+    def pixel_size(self, k: int = 0) -> tuple[int, int]:
+        """(width, height) in pixels of reference k after preprocessing."""
+        h, w = self.grid_sizes[k]
+        return w * MULTIPLE, h * MULTIPLE
+
+    def __add__(self, other: ReferenceLatents) -> ReferenceLatents:
+        return ReferenceLatents.from_latents(self.latents() + other.latents())
+
+    def latents(self) -> list[torch.Tensor]:
+        """The references as [1, 128, h, w] latents, in order."""
+        out, start = [], 0
+        for h, w in self.grid_sizes:
+            out.append(self.tokens[:, start : start + h * w].transpose(1, 2).reshape(1, -1, h, w))
+            start += h * w
+        return out
+
+    @staticmethod
+    def from_latents(latents: list[torch.Tensor]) -> ReferenceLatents:
+        """Pack [1, 128, h, w] latents (references 0, 1, ...) into one token sequence with their ids."""
+        if not latents:
+            return ReferenceLatents(torch.zeros(1, 0, 128), reference_ids([]), [])
+        grids = [(lat.shape[-2], lat.shape[-1]) for lat in latents]
+        tokens = torch.cat([lat[:1].float().flatten(2).transpose(1, 2) for lat in latents], dim=1)
+        return ReferenceLatents(tokens, reference_ids(grids), grids)
+
+
+def prepare_reference(
+    image: Image.Image | torch.Tensor, max_pixels: int = MAX_REFERENCE_PIXELS
+) -> torch.Tensor:
+    """A PIL image, or a float tensor [3, H, W] / [H, W, 3] in 0..1 -> [1, 3, h, w] in -1..1, h and w % 16 == 0."""
+    if isinstance(image, Image.Image):
+        pixels = _from_pil(image, max_pixels)
+    else:
+        pixels = _from_tensor(image, max_pixels)
+    _, height, width = pixels.shape
+    crop_w, crop_h = width // MULTIPLE * MULTIPLE, height // MULTIPLE * MULTIPLE
+    left, top = (width - crop_w) // 2, (height - crop_h) // 2
+    pixels = pixels[:, top : top + crop_h, left : left + crop_w]
+    return (pixels * 2.0 - 1.0).unsqueeze(0)
+
+
+def encode_references(vae, images: list, max_pixels: int = MAX_REFERENCE_PIXELS) -> ReferenceLatents:
+    """Preprocess and encode each reference separately (they may differ in size) and pack them in order."""
+    latents = []
+    for image in images:
+        pixels = prepare_reference(image, max_pixels)
+        latents.append(vae.encode(pixels).float().cpu())
+    return ReferenceLatents.from_latents(latents)
+
+
+def scaled_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
+    """The size an image is scaled to before cropping (unchanged when within the cap)."""
+    _validate(width, height)
+    if width * height <= max_pixels:
+        return width, height
+    scale = math.sqrt(max_pixels / (width * height))
+    return int(width * scale), int(height * scale)
+
+
+def _validate(width: int, height: int) -> None:
+    if width < MIN_SIDE or height < MIN_SIDE:
+        raise Flux2Error(
+            f"reference image is {width}x{height}: both sides must be at least {MIN_SIDE} px; use a larger image"
+        )
+    if max(width / height, height / width) > MAX_ASPECT:
+        raise Flux2Error(
+            f"reference image is {width}x{height}, an aspect ratio over {MAX_ASPECT:g}:1: crop it closer to square"
+        )
+
+
+def _from_pil(image: Image.Image, max_pixels: int) -> torch.Tensor:
+    image = image.convert("RGB")
+    size = scaled_size(*image.size, max_pixels)
+    if size != image.size:
+        image = image.resize(size, Image.Resampling.LANCZOS)
+    return torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
+
+
+def _from_tensor(image: torch.Tensor, max_pixels: int) -> torch.Tensor:
+    if image.ndim == 4 and image.shape[0] == 1:
+        image = image[0]
+    if image.ndim != 3 or 3 not in (image.shape[0], image.shape[-1]):
+        raise Flux2Error(
+            f"reference image tensor has shape {list(image.shape)}: expected [3, H, W] or [H, W, 3]"
+        )
+    if image.shape[0] != 3:
+        image = image.permute(2, 0, 1)
+    image = image.detach().float().cpu()
+    height, width = image.shape[1:]
+    size = scaled_size(width, height, max_pixels)
+    if size == (width, height):
+        return image
+    # Lanczos on each float channel ("F" mode), so no 8-bit rounding is added to float inputs.
+    channels = [Image.fromarray(c.numpy(), mode="F").resize(size, Image.Resampling.LANCZOS) for c in image]
+    return torch.from_numpy(np.stack([np.asarray(c) for c in channels])).clamp(0, 1)

@@ -1,0 +1,270 @@
+"""The DiT against diffusers' Flux2Transformer2DModel on the same tiny random weights, in every file layout."""
+
+import pytest
+import torch
+from diffusers.models.transformers.transformer_flux2 import (
+    Flux2KVAttnProcessor,
+    Flux2KVParallelSelfAttnProcessor,
+)
+from safetensors.torch import save_file
+from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file, write_diffusers_folder
+
+from flux2_core.configs import DEV_32B, KLEIN_4B, KLEIN_9B
+from flux2_core.errors import Flux2Error
+from flux2_core.loading import load_transformer
+from flux2_core.rope import image_ids, reference_ids, text_ids
+from flux2_core.transformer import Flux2Transformer
+
+B, H, W, T = 2, 3, 4, 7
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return make_diffusers_dit(seed=1)
+
+
+@pytest.fixture(scope="module")
+def loaded(reference, tmp_path_factory):
+    root = tmp_path_factory.mktemp("dit")
+    return {
+        "bfl": load_transformer(write_bfl_file(reference, root / "flux-2-klein-4b.safetensors")),
+        "comfy": load_transformer(
+            write_bfl_file(reference, root / "prefixed.safetensors", prefix="model.diffusion_model.")
+        ),
+        "diffusers": load_transformer(write_diffusers_folder(reference, root / "repo")),
+    }
+
+
+@pytest.fixture
+def inputs():
+    g = torch.Generator().manual_seed(5)
+    return dict(
+        x=torch.randn(B, H * W, 128, generator=g),
+        ctx=torch.randn(B, T, 24, generator=g),
+        ref=torch.randn(B, 2 * 3 + 4 * 2, 128, generator=g),
+        t=torch.tensor([0.73, 0.73]),
+    )
+
+
+def _diffusers(model, x, ctx, t, x_ids, **kw):
+    with torch.no_grad():
+        return model(
+            hidden_states=x,
+            encoder_hidden_states=ctx,
+            timestep=t,
+            img_ids=x_ids,
+            txt_ids=text_ids(T),
+            return_dict=False,
+            **kw,
+        )
+
+
+@pytest.mark.parametrize("layout", ["bfl", "comfy", "diffusers"])
+def test_forward_matches_diffusers(reference, loaded, inputs, layout):
+    x_ids = image_ids(H, W)
+    expected = _diffusers(reference, inputs["x"], inputs["ctx"], inputs["t"], x_ids)[0]
+    with torch.no_grad():
+        got = loaded[layout].transformer(inputs["x"], x_ids, inputs["t"], inputs["ctx"], text_ids(T))
+    assert got.shape == (B, H * W, 128)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_references_of_different_sizes_match_diffusers(reference, loaded, inputs):
+    x_ids, ref_ids = image_ids(H, W), reference_ids([(2, 3), (4, 2)])
+    assert ref_ids[:6, 0].eq(10).all() and ref_ids[6:, 0].eq(20).all()
+    joint = torch.cat([inputs["x"], inputs["ref"]], 1)
+    expected = _diffusers(reference, joint, inputs["ctx"], inputs["t"], torch.cat([x_ids, ref_ids]))[0][
+        :, : H * W
+    ]
+    with torch.no_grad():
+        got = loaded["bfl"].transformer(
+            inputs["x"], x_ids, inputs["t"], inputs["ctx"], text_ids(T), ref=inputs["ref"], ref_ids=ref_ids
+        )
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def _kv_reference(reference):
+    for block in reference.transformer_blocks:
+        block.attn.set_processor(Flux2KVAttnProcessor())
+    for block in reference.single_transformer_blocks:
+        block.attn.set_processor(Flux2KVParallelSelfAttnProcessor())
+    return reference
+
+
+def test_kv_extract_and_cached_match_diffusers(loaded, inputs):
+    reference = _kv_reference(make_diffusers_dit(seed=1))
+    net = loaded["diffusers"].transformer
+    x_ids, ref_ids = image_ids(H, W), reference_ids([(2, 3), (4, 2)])
+    R = ref_ids.shape[0]
+    expected, kv = _diffusers(
+        reference,
+        torch.cat([inputs["ref"], inputs["x"]], 1),
+        inputs["ctx"],
+        inputs["t"],
+        torch.cat([ref_ids, x_ids]),
+        kv_cache_mode="extract",
+        num_ref_tokens=R,
+    )
+    with torch.no_grad():
+        got, cache = net.forward_kv_extract(
+            inputs["x"], x_ids, inputs["t"], inputs["ctx"], text_ids(T), inputs["ref"], ref_ids
+        )
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert cache.filled and cache.num_ref_tokens == R
+    t2 = torch.tensor([0.2, 0.2])
+    expected = _diffusers(
+        reference, inputs["x"], inputs["ctx"], t2, x_ids, kv_cache_mode="cached", kv_cache=kv
+    )[0]
+    with torch.no_grad():
+        got = net.forward_kv_cached(inputs["x"], x_ids, t2, inputs["ctx"], text_ids(T), cache)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_kv_cached_step_equals_fresh_extract_and_cache_is_timestep_independent(loaded, inputs):
+    net = loaded["bfl"].transformer
+    x_ids, ref_ids, ctx_ids = image_ids(H, W), reference_ids([(2, 3), (4, 2)]), text_ids(T)
+    with torch.no_grad():
+        _, early = net.forward_kv_extract(
+            inputs["x"], x_ids, torch.tensor([0.9, 0.9]), inputs["ctx"], ctx_ids, inputs["ref"], ref_ids
+        )
+        late_t = torch.tensor([0.3, 0.3])
+        fresh, late = net.forward_kv_extract(
+            inputs["x"], x_ids, late_t, inputs["ctx"], ctx_ids, inputs["ref"], ref_ids
+        )
+        cached = net.forward_kv_cached(inputs["x"], x_ids, late_t, inputs["ctx"], ctx_ids, early)
+    torch.testing.assert_close(cached, fresh, atol=1e-5, rtol=0)
+    for a, b in zip(early.double + early.single, late.double + late.single):
+        torch.testing.assert_close(a.k, b.k)
+        torch.testing.assert_close(a.v, b.v)
+
+
+def test_kv_extract_with_zero_references_is_the_plain_forward(loaded, inputs):
+    net = loaded["bfl"].transformer
+    x_ids, ctx_ids = image_ids(H, W), text_ids(T)
+    with torch.no_grad():
+        plain = net(inputs["x"], x_ids, inputs["t"], inputs["ctx"], ctx_ids)
+        extract, _ = net.forward_kv_extract(
+            inputs["x"], x_ids, inputs["t"], inputs["ctx"], ctx_ids, inputs["ref"][:, :0], reference_ids([])
+        )
+    torch.testing.assert_close(extract, plain, atol=1e-6, rtol=0)
+
+
+def test_kv_cache_read_before_filled_is_a_clear_error(loaded, inputs):
+    from flux2_core.kv_cache import RefKVCache
+
+    net = loaded["bfl"].transformer
+    with pytest.raises(Flux2Error, match="reference KV cache is empty"):
+        net.forward_kv_cached(
+            inputs["x"],
+            image_ids(H, W),
+            inputs["t"],
+            inputs["ctx"],
+            text_ids(T),
+            RefKVCache(len(net.double_blocks), len(net.single_blocks)),
+        )
+
+
+def test_guidance_embedding_of_the_dev_shape(tmp_path):
+    reference = make_diffusers_dit(seed=2, guidance_embeds=True)
+    model = load_transformer(write_bfl_file(reference, tmp_path / "dev.safetensors"))
+    assert model.config.guidance_embed
+    x, ctx, t, g = torch.randn(1, 4, 128), torch.randn(1, T, 24), torch.tensor([0.5]), torch.tensor([3.5])
+    expected = _diffusers(reference, x, ctx, t, image_ids(2, 2), guidance=g)[0]
+    with torch.no_grad():
+        got = model.transformer(x, image_ids(2, 2), t, ctx, text_ids(T), guidance=g)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "config, params, tensors",
+    [(KLEIN_4B, 3_875_544_576, 149), (KLEIN_9B, 9_078_581_248, 201), (DEV_32B, 32_223_281_152, 299)],
+)
+def test_real_size_parameter_counts(config, params, tensors):
+    with torch.device("meta"):
+        model = Flux2Transformer(config)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert len(model.state_dict()) == tensors
+
+
+def test_config_read_from_shapes(loaded):
+    config = loaded["bfl"].config
+    assert (config.hidden_size, config.num_heads, config.depth, config.depth_single_blocks) == (32, 2, 2, 2)
+    assert (config.context_in_dim, config.axes_dim, config.mlp_ratio) == (24, (4, 4, 4, 4), 3.0)
+
+
+@pytest.mark.parametrize(
+    "name, variant",
+    [
+        ("flux-2-klein-4b.safetensors", "distilled"),
+        ("flux-2-klein-base-9b.safetensors", "base"),
+        ("flux-2-klein-9b-kv.safetensors", "kv"),
+        ("FLUX.2-klein-base-4B_bf16.safetensors", "base"),
+    ],
+)
+def test_variant_from_file_name(reference, tmp_path, name, variant):
+    assert load_transformer(write_bfl_file(reference, tmp_path / name)).variant.name == variant
+
+
+def test_variant_from_model_index_and_explicit_choice(reference, tmp_path):
+    assert (
+        load_transformer(write_diffusers_folder(reference, tmp_path / "a", is_distilled=False)).variant.name
+        == "base"
+    )
+    assert load_transformer(write_diffusers_folder(reference, tmp_path / "b", kv=True)).variant.name == "kv"
+    path = write_bfl_file(reference, tmp_path / "flux-2-klein-4b.safetensors")
+    assert load_transformer(path, variant="base").variant.name == "base"
+    with pytest.raises(Flux2Error, match="unknown variant 'turbo'"):
+        load_transformer(path, variant="turbo")
+
+
+def test_unnamed_file_defaults_to_distilled_with_a_warning(reference, tmp_path, caplog):
+    model = load_transformer(write_bfl_file(reference, tmp_path / "model.safetensors"))
+    assert model.variant.name == "distilled"
+    assert "Choose the variant explicitly" in caplog.text
+
+
+def test_flux1_file_is_refused(tmp_path):
+    path = tmp_path / "flux1-dev.safetensors"
+    save_file(
+        {"img_in.weight": torch.zeros(4, 4), "double_blocks.0.img_mod.lin.weight": torch.zeros(4, 4)}, path
+    )
+    with pytest.raises(Flux2Error, match="FLUX.1 model"):
+        load_transformer(path)
+
+
+def test_vae_given_as_model_is_refused(tmp_path):
+    path = tmp_path / "flux2-vae.safetensors"
+    save_file({"encoder.conv_in.weight": torch.zeros(4, 3, 3, 3)}, path)
+    with pytest.raises(Flux2Error, match="is a VAE, not a FLUX.2"):
+        load_transformer(path)
+
+
+def test_truncated_file_is_a_clear_error(reference, tmp_path):
+    path = write_bfl_file(reference, tmp_path / "flux-2-klein-4b.safetensors")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(Flux2Error, match="truncated or corrupt"):
+        load_transformer(path)
+
+
+def test_pickle_and_missing_files_are_refused(tmp_path):
+    (tmp_path / "model.ckpt").write_bytes(b"\x80\x04")
+    with pytest.raises(Flux2Error, match="pickle"):
+        load_transformer(tmp_path / "model.ckpt")
+    with pytest.raises(Flux2Error, match="does not exist"):
+        load_transformer(tmp_path / "nothing.safetensors")
+
+
+def test_missing_tensor_is_named(reference, tmp_path):
+    sd = bfl_state_dict(reference)
+    del sd["single_blocks.1.linear2.weight"]
+    save_file(sd, tmp_path / "cut.safetensors")
+    with pytest.raises(Flux2Error, match=r"missing 1 tensors \(single_blocks.1.linear2.weight\)"):
+        load_transformer(tmp_path / "cut.safetensors")
+
+
+def test_fp8_file_is_refused(reference, tmp_path):
+    sd = bfl_state_dict(reference)
+    sd["img_in.weight"] = sd["img_in.weight"].to(torch.float8_e4m3fn)
+    save_file(sd, tmp_path / "flux-2-klein-4b-fp8.safetensors")
+    with pytest.raises(Flux2Error, match="quantized"):
+        load_transformer(tmp_path / "flux-2-klein-4b-fp8.safetensors")
