@@ -1,0 +1,47 @@
+"""FLUX.2 [klein] in plain PyTorch: DiT, VAE, Qwen3 text conditioning, references, KV cache, sampler, loaders.
+
+Self-contained (it never imports ComfyUI). A text-to-image run::
+
+    model = load_transformer("flux-2-klein-4b.safetensors")            # variant read from the name
+    encoder = load_text_encoder("qwen_3_4b.safetensors")
+    vae = load_vae("flux2-vae.safetensors")
+    latents = sample(model, encoder.encode(["a red fox"]), SampleSettings(1024, 1024, 4, 1.0, seed=0))
+    pixels = vae.decode(latents)                                         # [B, 3, H, W] in about -1..1
+
+Editing adds ``references=encode_references(vae, [image, ...])`` to ``sample``.
+"""
+
+from .configs import KLEIN_4B, KLEIN_9B, VARIANTS, Flux2Config, Variant
+from .errors import Flux2Error
+from .kv_cache import RefKVCache
+from .loading import Flux2Model, load_transformer
+from .references import MAX_REFERENCE_PIXELS, ReferenceLatents, encode_references, prepare_reference
+from .sampling import SampleSettings, get_sigmas, make_noise, sample
+from .text_encoder import TextEncoder, load_text_encoder
+from .transformer import Flux2Transformer
+from .vae import AutoEncoder, load_vae
+
+__all__ = [
+    "KLEIN_4B",
+    "KLEIN_9B",
+    "MAX_REFERENCE_PIXELS",
+    "VARIANTS",
+    "AutoEncoder",
+    "Flux2Config",
+    "Flux2Error",
+    "Flux2Model",
+    "Flux2Transformer",
+    "ReferenceLatents",
+    "RefKVCache",
+    "SampleSettings",
+    "TextEncoder",
+    "Variant",
+    "encode_references",
+    "get_sigmas",
+    "load_text_encoder",
+    "load_transformer",
+    "load_vae",
+    "make_noise",
+    "prepare_reference",
+    "sample",
+]

@@ -96,11 +96,11 @@ def check_conditioning(model: Flux2Model, conditioning: torch.Tensor, what: str 
     """The text encoder must match the DiT: klein 4B <-> Qwen3-4B (7680), klein 9B <-> Qwen3-8B (12288)."""
     need, got = model.config.context_in_dim, conditioning.shape[-1]
     if need != got:
-        wanted = TEXT_ENCODER_FOR_CONTEXT.get(need, f"a {need // 3}-wide text encoder")
-        given = TEXT_ENCODER_FOR_CONTEXT.get(got, f"a {got // 3}-wide text encoder")
+        wanted = TEXT_ENCODER_FOR_CONTEXT.get(need, f"a text encoder of width {need // 3}")
+        given = TEXT_ENCODER_FOR_CONTEXT.get(got, f"a text encoder of width {got // 3}")
         raise Flux2Error(
-            f"{model.name} needs {wanted}: {need}-wide conditioning, this {what} gives {got} (from {given}); "
-            f"load the {wanted} text encoder"
+            f"{model.name} needs {wanted}: {need}-wide conditioning, this {what} gives {got} (made by {given}); "
+            f"load {wanted} instead"
         )
 
 

@@ -1,0 +1,29 @@
+"""The node classes ComfyUI registers (V1 API). Node ids are a public contract: never rename one."""
+
+from .decode import Flux2KleinDecode
+from .loaders import Flux2KleinModelLoader, Flux2KleinTextEncoderLoader, Flux2KleinVAELoader
+from .reference_encode import Flux2KleinReferenceEncode
+from .sampler import Flux2KleinSampler
+from .text_encode import Flux2KleinTextEncode
+
+NODE_CLASS_MAPPINGS = {
+    "Flux2KleinModelLoader": Flux2KleinModelLoader,
+    "Flux2KleinTextEncoderLoader": Flux2KleinTextEncoderLoader,
+    "Flux2KleinVAELoader": Flux2KleinVAELoader,
+    "Flux2KleinTextEncode": Flux2KleinTextEncode,
+    "Flux2KleinReferenceEncode": Flux2KleinReferenceEncode,
+    "Flux2KleinSampler": Flux2KleinSampler,
+    "Flux2KleinDecode": Flux2KleinDecode,
+}
+
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "Flux2KleinModelLoader": "FLUX.2 [klein] Model Loader",
+    "Flux2KleinTextEncoderLoader": "FLUX.2 [klein] Text Encoder Loader",
+    "Flux2KleinVAELoader": "FLUX.2 [klein] VAE Loader",
+    "Flux2KleinTextEncode": "FLUX.2 [klein] Text Encode",
+    "Flux2KleinReferenceEncode": "FLUX.2 [klein] Reference Encode",
+    "Flux2KleinSampler": "FLUX.2 [klein] Sampler",
+    "Flux2KleinDecode": "FLUX.2 [klein] Decode",
+}
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -1,0 +1,131 @@
+"""Everything this pack takes from the ComfyUI host, in one place.
+
+Host modules are imported absolutely (``folder_paths``, ``comfy.*``, ``latent_preview``: ComfyUI puts its root
+on sys.path) and lazily, inside the functions, so the unit tests can swap in fakes through ``sys.modules``.
+
+Memory: each loaded ``nn.Module`` is handed to a plain ``comfy.model_patcher.ModelPatcher`` (same behaviour
+on CPU and GPU; the dynamic-VRAM patcher needs comfy.ops layers) and loaded with ``force_full_load=True``
+right before use, because ComfyUI can only partially load comfy.ops layers and would silently leave plain
+torch layers on the offload device otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..flux2_core.errors import Flux2Error
+
+
+class Flux2KleinModule(torch.nn.Module):
+    """What a ModelPatcher manages: our module plus the plain ``device`` attribute the patcher writes.
+
+    The DiT, VAE and transformers' Qwen3 expose ``device`` as a read-only property (read from their
+    weights), so ``ModelPatcher.load`` (``model.device = device_to``) would fail on them directly.
+    """
+
+    def __init__(self, module: torch.nn.Module, device: torch.device):
+        super().__init__()
+        self.module = module
+        self.device = device
+
+
+def filenames(folder: str) -> list[str]:
+    """The files ComfyUI lists for a model folder ("diffusion_models", "text_encoders", "vae")."""
+    import folder_paths
+
+    return folder_paths.get_filename_list(folder)
+
+
+def full_path(folder: str, name: str) -> str:
+    """The path of a listed file. A name that is not in the list (e.g. with "..") is refused, never opened."""
+    import folder_paths
+
+    if name not in folder_paths.get_filename_list(folder):
+        raise Flux2Error(
+            f"{name!r} is not a file in ComfyUI's {folder} folders: put the file in models/{folder}/ and "
+            "choose it from the list (press R in the UI to refresh the lists)"
+        )
+    return folder_paths.get_full_path_or_raise(folder, name)
+
+
+def devices(role: str, cpu: bool = False) -> tuple[torch.device, torch.device]:
+    """(load device, offload device) that ComfyUI chooses for a "diffusion_model", "text_encoder" or "vae"."""
+    import comfy.model_management as mm
+
+    if cpu:
+        return torch.device("cpu"), torch.device("cpu")
+    if role == "diffusion_model":
+        return mm.get_torch_device(), mm.unet_offload_device()
+    if role == "text_encoder":
+        return mm.text_encoder_device(), mm.text_encoder_offload_device()
+    return mm.vae_device(), mm.vae_offload_device()
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where the device runs it well (ComfyUI's judgement), else fp32 (CPU, old GPUs)."""
+    import comfy.model_management as mm
+
+    return torch.bfloat16 if mm.should_use_bf16(device) else torch.float32
+
+
+def vae_dtype(device: torch.device) -> torch.dtype:
+    """ComfyUI's VAE dtype (honours --fp32-vae / --bf16-vae); the FLUX.2 VAE runs in bf16 or fp32."""
+    import comfy.model_management as mm
+
+    return mm.vae_dtype(device, [torch.bfloat16, torch.float32])
+
+
+def manage(module: torch.nn.Module, load_device: torch.device, offload_device: torch.device):
+    """A ModelPatcher for ``module`` (which must sit on ``offload_device``)."""
+    import comfy.model_patcher
+
+    size = sum(t.nbytes for t in module.state_dict().values())
+    holder = Flux2KleinModule(module, offload_device)
+    return comfy.model_patcher.ModelPatcher(holder, load_device, offload_device, size=size)
+
+
+def load(patcher) -> None:
+    """Move the whole module to its load device, letting ComfyUI evict other models first if needed."""
+    import comfy.model_management as mm
+
+    mm.load_models_gpu([patcher], force_full_load=True)
+
+
+def unload(patcher) -> None:
+    """Send the module back to its offload device and drop it from ComfyUI's list of loaded models."""
+    import comfy.model_management as mm
+
+    mm.unload_model_and_clones(patcher)
+
+
+def intermediate_device() -> torch.device:
+    """Where node outputs (latents, conditioning, images) live: the CPU unless ComfyUI runs --gpu-only."""
+    import comfy.model_management as mm
+
+    return mm.intermediate_device()
+
+
+def check_interrupt() -> None:
+    """Raises ComfyUI's InterruptProcessingException (a BaseException) once the user pressed cancel."""
+    import comfy.model_management as mm
+
+    mm.throw_exception_if_processing_interrupted()
+
+
+def step_reporter(steps: int):
+    """A core sampling callback ``(step, total, x0)``: stops on cancel, advances the progress bar and sends
+    a live preview of the predicted latent, decoded like a native FLUX.2 latent (none if previews are off)."""
+    import comfy.latent_formats
+    import comfy.model_management as mm
+    import comfy.utils
+    import latent_preview
+
+    bar = comfy.utils.ProgressBar(steps)
+    previewer = latent_preview.get_previewer(mm.get_torch_device(), comfy.latent_formats.Flux2())
+
+    def report(step: int, total: int, x0: torch.Tensor) -> None:
+        check_interrupt()
+        preview = previewer.decode_latent_to_preview_image("JPEG", x0) if previewer is not None else None
+        bar.update_absolute(step, total, preview)
+
+    return report

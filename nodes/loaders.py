@@ -1,0 +1,111 @@
+"""Loader nodes: a file chosen from ComfyUI's model folders -> a core model on its offload device + a patcher.
+
+Files are only ever found through ``folder_paths`` (the combo lists and their paths). Each loader builds the
+module on the device ComfyUI offloads it to; ``host.load`` moves it to the compute device right before use.
+ComfyUI caches node outputs, so a file is loaded once until its inputs change or memory runs short.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..flux2_core.loading import load_transformer
+from ..flux2_core.text_encoder import load_text_encoder
+from ..flux2_core.vae import load_vae
+from . import host, types
+from .types import socket
+
+VARIANTS = ("auto", "distilled", "base", "kv")
+WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+TOOLTIPS = {
+    "model_name": "A FLUX.2 [klein] .safetensors file (BFL or ComfyUI layout) from models/diffusion_models.",
+    "variant": "How the weights are sampled; auto reads it from the file's metadata or name. distilled: "
+    "4 steps, no CFG. base: about 50 steps, CFG (guidance > 1 needs a negative prompt). kv: the 9B-KV model, "
+    "which computes the references' attention keys/values once and reuses them.",
+    "weight_dtype": "Precision of the weights. default: bfloat16 on a GPU that supports it, else float32.",
+    "text_encoder_name": "qwen_3_4b.safetensors (klein 4B) or qwen_3_8b.safetensors (klein 9B) from "
+    "models/text_encoders (bf16/fp32 files; fp8 files are not supported).",
+    "device": "default: where ComfyUI runs text encoders (the GPU when there is room). cpu: always on the "
+    "CPU in float32, which saves VRAM but is slow.",
+    "vae_name": "The FLUX.2 VAE (flux2-vae.safetensors, 32 latent channels) from models/vae.",
+}
+
+
+class Flux2KleinModelLoader:
+    DESCRIPTION = (
+        "Loads a FLUX.2 [klein] diffusion model (4B, 9B, base or 9B-KV) from models/diffusion_models."
+    )
+    CATEGORY = "flux2_klein/loaders"
+    RETURN_TYPES = (types.MODEL,)
+    RETURN_NAMES = ("model",)
+    OUTPUT_TOOLTIPS = ("The FLUX.2 [klein] DiT, for the FLUX.2 [klein] Sampler.",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model_name": socket(host.filenames("diffusion_models"), TOOLTIPS["model_name"]),
+                "variant": socket(list(VARIANTS), TOOLTIPS["variant"], default="auto"),
+            },
+            "optional": {
+                "weight_dtype": socket(
+                    ["default", *WEIGHT_DTYPES], TOOLTIPS["weight_dtype"], default="default"
+                ),
+            },
+        }
+
+    def load(self, model_name: str, variant: str, weight_dtype: str = "default"):
+        load_device, offload_device = host.devices("diffusion_model")
+        dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
+        path = host.full_path("diffusion_models", model_name)
+        model = load_transformer(path, variant=variant, dtype=dtype, device=offload_device)
+        return (types.KleinModel(model, host.manage(model.transformer, load_device, offload_device)),)
+
+
+class Flux2KleinTextEncoderLoader:
+    DESCRIPTION = (
+        "Loads the Qwen3 text encoder of FLUX.2 [klein] from models/text_encoders: Qwen3-4B for klein 4B, "
+        "Qwen3-8B for klein 9B."
+    )
+    CATEGORY = "flux2_klein/loaders"
+    RETURN_TYPES = (types.TEXT_ENCODER,)
+    RETURN_NAMES = ("text_encoder",)
+    OUTPUT_TOOLTIPS = ("The Qwen3 text encoder, for FLUX.2 [klein] Text Encode.",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "text_encoder_name": socket(host.filenames("text_encoders"), TOOLTIPS["text_encoder_name"]),
+            },
+            "optional": {"device": socket(["default", "cpu"], TOOLTIPS["device"], default="default")},
+        }
+
+    def load(self, text_encoder_name: str, device: str = "default"):
+        load_device, offload_device = host.devices("text_encoder", cpu=device == "cpu")
+        path = host.full_path("text_encoders", text_encoder_name)
+        encoder = load_text_encoder(path, dtype=host.default_dtype(load_device), device=offload_device)
+        return (types.KleinTextEncoder(encoder, host.manage(encoder.model, load_device, offload_device)),)
+
+
+class Flux2KleinVAELoader:
+    DESCRIPTION = "Loads the FLUX.2 VAE (flux2-vae.safetensors) from models/vae."
+    CATEGORY = "flux2_klein/loaders"
+    RETURN_TYPES = (types.VAE,)
+    RETURN_NAMES = ("vae",)
+    OUTPUT_TOOLTIPS = ("The FLUX.2 autoencoder, for Reference Encode and Decode.",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"vae_name": socket(host.filenames("vae"), TOOLTIPS["vae_name"])}}
+
+    def load(self, vae_name: str):
+        load_device, offload_device = host.devices("vae")
+        path = host.full_path("vae", vae_name)
+        vae = load_vae(path, dtype=host.vae_dtype(load_device), device=offload_device)
+        return (types.KleinVAE(vae, host.manage(vae, load_device, offload_device)),)

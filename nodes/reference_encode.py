@@ -1,0 +1,56 @@
+"""Flux2KleinReferenceEncode: images -> reference latents for editing (chainable, order kept)."""
+
+from __future__ import annotations
+
+from ..flux2_core.references import MAX_REFERENCE_PIXELS, encode_references
+from . import convert, host, types
+from .types import socket
+
+MEGAPIXEL = 1024 * 1024  # BFL's and diffusers' "1 MP" is 1024 x 1024
+MAX_MEGAPIXELS_TOOLTIP = (
+    "Pixel cap per reference, in units of 1024x1024. Larger images are scaled down to it (aspect kept). "
+    "1.0 is the diffusers default and BFL's cap with several references (BFL allows about 4 for one). "
+    "Raising it keeps the fine detail of a large reference, at the cost of more tokens: slower steps and "
+    "more VRAM."
+)
+
+
+class Flux2KleinReferenceEncode:
+    DESCRIPTION = (
+        "Encodes reference images for editing with the FLUX.2 VAE. An image over the pixel cap is scaled "
+        "down to it; each is centre-cropped to multiples of 16. Chain several nodes to combine references."
+    )
+    CATEGORY = "flux2_klein/conditioning"
+    RETURN_TYPES = (types.REFERENCES,)
+    RETURN_NAMES = ("references",)
+    OUTPUT_TOOLTIPS = ("The references, in order, for the sampler or another Reference Encode.",)
+    FUNCTION = "encode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "vae": socket(types.VAE, "From FLUX.2 [klein] VAE Loader."),
+                "image": socket(
+                    types.IMAGE, "One or more images: a batch of n gives n references, in order."
+                ),
+            },
+            "optional": {
+                "references": socket(
+                    types.REFERENCES, "Earlier references: they come first, these after them."
+                ),
+                "max_megapixels": socket(
+                    "FLOAT",
+                    MAX_MEGAPIXELS_TOOLTIP,
+                    default=MAX_REFERENCE_PIXELS / MEGAPIXEL,
+                    min=0.1,
+                    max=16.0,
+                    step=0.1,
+                ),
+            },
+        }
+
+    def encode(self, vae: types.KleinVAE, image, references=None, max_megapixels: float = 1.0):
+        host.load(vae.patcher)
+        encoded = encode_references(vae.vae, convert.image_to_list(image), int(max_megapixels * MEGAPIXEL))
+        return (encoded if references is None else references + encoded,)

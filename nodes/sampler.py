@@ -1,0 +1,111 @@
+"""Flux2KleinSampler: conditioning (+ references) -> FLUX.2 latents, with progress, previews and cancel.
+
+The core picks the path by itself: plain Euler for distilled models, true CFG for base models with
+guidance > 1, and the cached reference K/V of the 9B-KV model when references are given.
+"""
+
+from __future__ import annotations
+
+from ..flux2_core.sampling import MIN_SIZE, SIZE_MULTIPLE, SampleSettings, sample
+from . import convert, host, types
+from .types import socket
+
+MAX_SIZE = 8192
+MAX_SEED = 0xFFFFFFFFFFFFFFFF
+
+TOOLTIPS = {
+    "model": "From FLUX.2 [klein] Model Loader.",
+    "positive": "The prompt, from FLUX.2 [klein] Text Encode.",
+    "seed": "Noise seed. The noise is drawn on the CPU, so a seed gives the same image on any device.",
+    "steps": "4 for distilled and KV, about 50 for base.",
+    "guidance": "CFG scale, used by base models only (about 4; above 1 it needs a negative prompt). "
+    "Distilled and KV models ignore it: keep 1.",
+    "width": "Output width in pixels, a multiple of 16 (at least 64). 0: the first reference's width after "
+    "its pixel cap, or 1024 without references.",
+    "height": "Output height in pixels, a multiple of 16 (at least 64). 0: the first reference's height "
+    "after its pixel cap, or 1024 without references.",
+    "batch_size": "Images per run (each from its own slice of one noise draw).",
+    "negative": "Negative prompt for base models with guidance > 1 (an empty prompt is the usual choice).",
+    "references": "Reference images to edit or combine, from FLUX.2 [klein] Reference Encode.",
+    "latent": "Optional: its shape sets width, height and batch size (e.g. EmptyFlux2LatentImage). Its "
+    "content is ignored: sampling starts from pure noise.",
+}
+
+
+class Flux2KleinSampler:
+    DESCRIPTION = (
+        "Generates FLUX.2 [klein] latents from pure noise: text-to-image, or editing when references are "
+        "connected. Decode the result with FLUX.2 [klein] Decode (or native VAEDecode with the FLUX.2 VAE)."
+    )
+    CATEGORY = "flux2_klein/sampling"
+    RETURN_TYPES = (types.LATENT,)
+    RETURN_NAMES = ("latent",)
+    OUTPUT_TOOLTIPS = (
+        "FLUX.2 latents [batch, 128, height/16, width/16], the layout of native FLUX.2 latents.",
+    )
+    FUNCTION = "sample"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        size = {"default": 1024, "min": 0, "max": MAX_SIZE, "step": SIZE_MULTIPLE}
+        return {
+            "required": {
+                "model": socket(types.MODEL, TOOLTIPS["model"]),
+                "positive": socket(types.CONDITIONING, TOOLTIPS["positive"]),
+                "seed": socket(
+                    "INT", TOOLTIPS["seed"], default=0, min=0, max=MAX_SEED, control_after_generate=True
+                ),
+                "steps": socket("INT", TOOLTIPS["steps"], default=4, min=1, max=200),
+                "guidance": socket("FLOAT", TOOLTIPS["guidance"], default=1.0, min=0.0, max=30.0, step=0.1),
+                "width": socket("INT", TOOLTIPS["width"], **size),
+                "height": socket("INT", TOOLTIPS["height"], **size),
+                "batch_size": socket("INT", TOOLTIPS["batch_size"], default=1, min=1, max=64),
+            },
+            "optional": {
+                "negative": socket(types.CONDITIONING, TOOLTIPS["negative"]),
+                "references": socket(types.REFERENCES, TOOLTIPS["references"]),
+                "latent": socket(types.LATENT, TOOLTIPS["latent"]),
+            },
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, width=None, height=None):
+        # Defining these arguments turns off ComfyUI's min/max check for them, so the range is checked here.
+        # A linked (not widget) value arrives as None and is checked by the core at run time.
+        for name, value in (("width", width), ("height", height)):
+            if value is None or value == 0:
+                continue
+            if value < MIN_SIZE or value > MAX_SIZE or value % SIZE_MULTIPLE:
+                return (
+                    f"{name} {value} is not allowed: use 0 (from the first reference) or a multiple of "
+                    f"{SIZE_MULTIPLE} from {MIN_SIZE} to {MAX_SIZE}"
+                )
+        return True
+
+    def sample(
+        self,
+        model,
+        positive,
+        seed,
+        steps,
+        guidance,
+        width,
+        height,
+        batch_size,
+        negative=None,
+        references=None,
+        latent=None,
+    ):
+        width, height, batch_size = convert.output_size(width, height, batch_size, references, latent)
+        settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
+        host.load(model.patcher)
+        samples = sample(
+            model.model,
+            positive.embeds,
+            settings,
+            negative=negative.embeds if negative is not None else None,
+            references=references,
+            callback=host.step_reporter(steps),
+            interrupt=host.check_interrupt,
+        )
+        return ({"samples": samples.to(host.intermediate_device())},)

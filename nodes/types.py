@@ -1,0 +1,69 @@
+"""Socket type names and the payloads that travel between our nodes.
+
+Our objects get our own type names, so they cannot be wired into core sockets with other interfaces (a core
+``VAE`` socket expects ``comfy.sd.VAE``). Loader payloads pair the core object with the ``ModelPatcher``
+that lets ComfyUI's memory manager move it; the patcher manages the very module the core object uses.
+Nothing here imports ComfyUI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..flux2_core.loading import Flux2Model
+from ..flux2_core.text_encoder import TextEncoder
+from ..flux2_core.vae import AutoEncoder
+
+MODEL = "FLUX2_KLEIN_MODEL"
+TEXT_ENCODER = "FLUX2_KLEIN_TEXT_ENCODER"
+VAE = "FLUX2_KLEIN_VAE"
+CONDITIONING = "FLUX2_KLEIN_CONDITIONING"
+REFERENCES = "FLUX2_KLEIN_REFERENCES"  # payload: flux2_core.references.ReferenceLatents
+IMAGE = "IMAGE"  # core: [B, H, W, 3] float 0..1
+LATENT = "LATENT"  # core: {"samples": [B, 128, H/16, W/16]}, BN-normalised like native FLUX.2 latents
+
+
+@dataclass
+class KleinModel:
+    """A loaded DiT (``model.transformer`` is what ``patcher`` moves between devices)."""
+
+    model: Flux2Model
+    patcher: Any  # comfy.model_patcher.ModelPatcher
+
+
+@dataclass
+class KleinTextEncoder:
+    """A loaded Qwen3 text encoder (``encoder.model`` is what ``patcher`` moves)."""
+
+    encoder: TextEncoder
+    patcher: Any
+
+
+@dataclass
+class KleinVAE:
+    """A loaded FLUX.2 autoencoder."""
+
+    vae: AutoEncoder
+    patcher: Any
+
+
+@dataclass
+class KleinConditioning:
+    """One encoded prompt: ``embeds`` [1, 512, 3E] float32 on the intermediate device (CPU normally)."""
+
+    embeds: torch.Tensor
+    encoder_name: str  # "Qwen3-4B", "Qwen3-8B" or a description of another shape
+    width: int  # 3E: 7680 for Qwen3-4B (klein 4B), 12288 for Qwen3-8B (klein 9B)
+
+    def to_native(self) -> list:
+        """The same embedding as native ComfyUI ``CONDITIONING`` (what native Klein encoding gives for a
+        512-token prompt): ``[[embeds, {"pooled_output": None}]]``."""
+        return [[self.embeds, {"pooled_output": None}]]
+
+
+def socket(kind: str | list, tooltip: str, **options) -> tuple:
+    """One V1 input spec: ``(type or combo list, {options..., "tooltip": ...})``."""
+    return (kind, {**options, "tooltip": tooltip})

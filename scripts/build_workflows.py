@@ -1,0 +1,769 @@
+"""Generate every bundled workflow, in both ComfyUI formats, from one description.
+
+    python scripts/build_workflows.py          # (re)write workflows/*.json and workflows/api/*.json
+    python scripts/build_workflows.py --check  # exit 1 if the files on disk differ from what it makes
+
+Each workflow is described once, as a small graph (nodes, widget values, links). From that graph the script
+writes:
+
+* ``workflows/<name>.json``: the graph-editor format (version 0.4) that ComfyUI's frontend saves and loads,
+  with a Markdown note saying what the workflow does, which file goes into which model folder and the
+  recommended settings. The seed's ``control_after_generate`` value is "randomize".
+* ``workflows/api/<name>.json``: the API format that ``POST /prompt`` accepts as-is
+  (``{node_id: {"class_type", "inputs", "_meta"}}``, links as ``[node_id, output_slot]``). Notes are not part
+  of it (they are frontend-only), and the seed is fixed so that runs are reproducible.
+
+Both come from the same graph, so they cannot drift apart; tests/test_workflows.py regenerates them in memory
+and compares them with the committed files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_DIR = REPO / "workflows"
+API_DIR = WORKFLOW_DIR / "api"
+
+SEED = 42  # the API workflows' fixed seed and the editor workflows' first one (then "randomize")
+
+# ----------------------------------------------------------------------------------------------------
+# Node schemas: what the graph editor needs to know about each node type used here.
+# Link inputs and widgets are listed in the node's INPUT_TYPES order (required first, then optional).
+
+
+@dataclass(frozen=True)
+class Socket:
+    name: str
+    type: str
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Widget:
+    name: str
+    type: str  # INT / FLOAT / STRING / COMBO / IMAGEUPLOAD (as the frontend names widget inputs)
+    optional: bool = False
+    control_after_generate: bool = False  # the frontend adds a "randomize"/"fixed" value after it
+    in_api: bool = True  # False for frontend-only widgets (LoadImage's upload button)
+    label: str | None = None  # the frontend's localized_name, when it is not the name
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    display_name: str
+    inputs: tuple[Socket, ...] = ()
+    widgets: tuple[Widget, ...] = ()
+    outputs: tuple[tuple[str, str], ...] = ()  # (name, type)
+    frontend_only: bool = False  # notes: never sent to the server
+
+
+MODEL = "FLUX2_KLEIN_MODEL"
+TEXT_ENCODER = "FLUX2_KLEIN_TEXT_ENCODER"
+VAE = "FLUX2_KLEIN_VAE"
+CONDITIONING = "FLUX2_KLEIN_CONDITIONING"
+REFERENCES = "FLUX2_KLEIN_REFERENCES"
+
+NODE_SPECS: dict[str, NodeSpec] = {
+    "Flux2KleinModelLoader": NodeSpec(
+        "FLUX.2 [klein] Model Loader",
+        widgets=(
+            Widget("model_name", "COMBO"),
+            Widget("variant", "COMBO"),
+            Widget("weight_dtype", "COMBO", True),
+        ),
+        outputs=(("model", MODEL),),
+    ),
+    "Flux2KleinTextEncoderLoader": NodeSpec(
+        "FLUX.2 [klein] Text Encoder Loader",
+        widgets=(Widget("text_encoder_name", "COMBO"), Widget("device", "COMBO", True)),
+        outputs=(("text_encoder", TEXT_ENCODER),),
+    ),
+    "Flux2KleinVAELoader": NodeSpec(
+        "FLUX.2 [klein] VAE Loader", widgets=(Widget("vae_name", "COMBO"),), outputs=(("vae", VAE),)
+    ),
+    "Flux2KleinTextEncode": NodeSpec(
+        "FLUX.2 [klein] Text Encode",
+        inputs=(Socket("text_encoder", TEXT_ENCODER),),
+        widgets=(Widget("text", "STRING"),),
+        outputs=(("conditioning", CONDITIONING),),
+    ),
+    "Flux2KleinReferenceEncode": NodeSpec(
+        "FLUX.2 [klein] Reference Encode",
+        inputs=(Socket("vae", VAE), Socket("image", "IMAGE"), Socket("references", REFERENCES, True)),
+        widgets=(Widget("max_megapixels", "FLOAT", True),),
+        outputs=(("references", REFERENCES),),
+    ),
+    "Flux2KleinSampler": NodeSpec(
+        "FLUX.2 [klein] Sampler",
+        inputs=(
+            Socket("model", MODEL),
+            Socket("positive", CONDITIONING),
+            Socket("negative", CONDITIONING, True),
+            Socket("references", REFERENCES, True),
+            Socket("latent", "LATENT", True),
+        ),
+        widgets=(
+            Widget("seed", "INT", control_after_generate=True),
+            Widget("steps", "INT"),
+            Widget("guidance", "FLOAT"),
+            Widget("width", "INT"),
+            Widget("height", "INT"),
+            Widget("batch_size", "INT"),
+        ),
+        outputs=(("latent", "LATENT"),),
+    ),
+    "Flux2KleinDecode": NodeSpec(
+        "FLUX.2 [klein] Decode",
+        inputs=(Socket("vae", VAE), Socket("latent", "LATENT")),
+        outputs=(("image", "IMAGE"),),
+    ),
+    # native ComfyUI nodes
+    "LoadImage": NodeSpec(
+        "Load Image",
+        widgets=(
+            Widget("image", "COMBO"),
+            Widget("upload", "IMAGEUPLOAD", in_api=False, label="choose file to upload"),
+        ),
+        outputs=(("IMAGE", "IMAGE"), ("MASK", "MASK")),
+    ),
+    "SaveImage": NodeSpec(
+        "Save Image",
+        inputs=(Socket("images", "IMAGE"),),
+        widgets=(Widget("filename_prefix", "STRING"),),
+        outputs=(("images", "IMAGE"),),
+    ),
+    "MarkdownNote": NodeSpec("Markdown Note", widgets=(Widget("text", "STRING"),), frontend_only=True),
+}
+
+# ----------------------------------------------------------------------------------------------------
+# Model files. URLs are the ones ComfyUI's official klein templates use; files the templates do not ship
+# (the 9B bf16 files) have no URL here rather than a guessed one.
+
+HF = "https://huggingface.co"
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    name: str
+    directory: str  # ComfyUI models sub-folder
+    url: str | None
+    source: str  # where to get it, for the note
+
+
+FILES = {
+    f.name: f
+    for f in (
+        ModelFile(
+            "flux-2-klein-4b.safetensors",
+            "diffusion_models",
+            f"{HF}/Comfy-Org/flux2-klein/resolve/main/split_files/diffusion_models/flux-2-klein-4b.safetensors",
+            f"[Comfy-Org/flux2-klein]({HF}/Comfy-Org/flux2-klein) (Apache-2.0)",
+        ),
+        ModelFile(
+            "flux-2-klein-base-4b.safetensors",
+            "diffusion_models",
+            f"{HF}/Comfy-Org/flux2-klein/resolve/main/split_files/diffusion_models/flux-2-klein-base-4b.safetensors",
+            f"[Comfy-Org/flux2-klein]({HF}/Comfy-Org/flux2-klein) (Apache-2.0)",
+        ),
+        ModelFile(
+            "flux-2-klein-9b-kv.safetensors",
+            "diffusion_models",
+            None,
+            f"[black-forest-labs/FLUX.2-klein-9b-kv]({HF}/black-forest-labs/FLUX.2-klein-9b-kv) "
+            "(FLUX non-commercial licence)",
+        ),
+        ModelFile(
+            "qwen_3_4b.safetensors",
+            "text_encoders",
+            f"{HF}/Comfy-Org/flux2-klein/resolve/main/split_files/text_encoders/qwen_3_4b.safetensors",
+            f"[Comfy-Org/flux2-klein]({HF}/Comfy-Org/flux2-klein) (Qwen3-4B)",
+        ),
+        ModelFile("qwen_3_8b.safetensors", "text_encoders", None, "Qwen3-8B text encoder, bf16 single file"),
+        ModelFile(
+            "flux2-vae.safetensors",
+            "vae",
+            f"{HF}/Comfy-Org/flux2-dev/resolve/main/split_files/vae/flux2-vae.safetensors",
+            f"[Comfy-Org/flux2-dev]({HF}/Comfy-Org/flux2-dev)",
+        ),
+    )
+}
+
+
+def models_property(filename: str) -> list[dict]:
+    f = FILES[filename]
+    entry = {"name": f.name}
+    if f.url:
+        entry["url"] = f.url
+    entry["directory"] = f.directory
+    return [entry]
+
+
+# ----------------------------------------------------------------------------------------------------
+# A tiny graph builder.
+
+
+@dataclass
+class Node:
+    id: int
+    type: str
+    values: dict  # widget name -> value (every widget of the spec except frontend-only ones)
+    pos: tuple[float, float]
+    size: tuple[float, float]
+    title: str | None = None
+    color: str | None = None
+    bgcolor: str | None = None
+    properties: dict = field(default_factory=dict)
+    links_in: dict = field(default_factory=dict)  # input name -> link id
+
+    @property
+    def spec(self) -> NodeSpec:
+        return NODE_SPECS[self.type]
+
+
+@dataclass
+class Link:
+    id: int
+    src: Node
+    src_slot: int
+    dst: Node
+    dst_input: str
+
+    @property
+    def type(self) -> str:
+        return self.src.spec.outputs[self.src_slot][1]
+
+
+@dataclass
+class Group:
+    title: str
+    nodes: list[Node]
+    color: str = "#3f789e"
+
+
+class Graph:
+    def __init__(self, name: str):
+        self.name = name
+        self.nodes: list[Node] = []
+        self.links: list[Link] = []
+        self.groups: list[Group] = []
+
+    def add(self, type_: str, pos, size, values: dict | None = None, **kw) -> Node:
+        spec = NODE_SPECS[type_]
+        values = dict(values or {})
+        expected = [w.name for w in spec.widgets if w.in_api or type_ == "MarkdownNote"]
+        if sorted(values) != sorted(expected):
+            raise ValueError(f"{type_}: widgets {sorted(values)} != {sorted(expected)}")
+        node = Node(len(self.nodes) + 1, type_, values, tuple(pos), tuple(size), **kw)
+        if type_ != "MarkdownNote":
+            node.properties = {"Node name for S&R": type_, **node.properties}
+        self.nodes.append(node)
+        return node
+
+    def connect(self, src: Node, dst: Node, dst_input: str, src_slot: int = 0) -> None:
+        sockets = {s.name: s for s in dst.spec.inputs}
+        if dst_input not in sockets:
+            raise ValueError(f"{dst.type} has no input {dst_input!r}")
+        if dst_input in dst.links_in:
+            raise ValueError(f"{dst.type}.{dst_input} is already linked")
+        link = Link(len(self.links) + 1, src, src_slot, dst, dst_input)
+        if sockets[dst_input].type != link.type:
+            raise ValueError(f"type mismatch: {src.type}[{src_slot}] {link.type} -> {dst.type}.{dst_input}")
+        self.links.append(link)
+        dst.links_in[dst_input] = link.id
+
+    def group(self, title: str, *nodes: Node) -> None:
+        self.groups.append(Group(title, list(nodes)))
+
+    # ---- execution order (what the frontend stores as "order")
+    def _order(self) -> dict[int, int]:
+        deps = {n.id: {lk.src.id for lk in self.links if lk.dst is n} for n in self.nodes}
+        order, done = {}, set()
+        while len(done) < len(self.nodes):
+            ready = [i for i in sorted(deps) if i not in done and deps[i] <= done]
+            if not ready:
+                raise ValueError(f"{self.name}: cycle in graph")
+            order[ready[0]] = len(order)
+            done.add(ready[0])
+        return order
+
+    # ---- editor format
+    def to_editor(self) -> dict:
+        order = self._order()
+        nodes = []
+        for n in self.nodes:
+            spec = n.spec
+            inputs = []
+            for s in spec.inputs:
+                entry = {"localized_name": s.name, "name": s.name}
+                if s.optional:
+                    entry["shape"] = 7
+                entry.update(type=s.type, link=n.links_in.get(s.name))
+                inputs.append(entry)
+            widgets_values = []
+            for w in spec.widgets:
+                if n.type != "MarkdownNote":
+                    entry = {"localized_name": w.label or w.name, "name": w.name}
+                    if w.optional:
+                        entry["shape"] = 7
+                    entry.update(type=w.type, widget={"name": w.name}, link=None)
+                    inputs.append(entry)
+                if w.type == "IMAGEUPLOAD":
+                    widgets_values.append("image")  # what the frontend stores for the upload button
+                    continue
+                widgets_values.append(n.values[w.name])
+                if w.control_after_generate:
+                    widgets_values.append("randomize")
+            outputs = [
+                {
+                    "localized_name": name,
+                    "name": name,
+                    "type": type_,
+                    "links": [lk.id for lk in self.links if lk.src is n and lk.src_slot == slot],
+                    "slot_index": slot,
+                }
+                for slot, (name, type_) in enumerate(spec.outputs)
+            ]
+            node = {
+                "id": n.id,
+                "type": n.type,
+                "pos": list(n.pos),
+                "size": list(n.size),
+                "flags": {},
+                "order": order[n.id],
+                "mode": 0,
+                "inputs": inputs,
+                "outputs": outputs,
+            }
+            if n.title:
+                node["title"] = n.title
+            node["properties"] = n.properties
+            node["widgets_values"] = widgets_values
+            if n.color:
+                node.update(color=n.color, bgcolor=n.bgcolor)
+            nodes.append(node)
+        links = [
+            [lk.id, lk.src.id, lk.src_slot, lk.dst.id, _input_index(lk.dst, lk.dst_input), lk.type]
+            for lk in self.links
+        ]
+        groups = []
+        for i, g in enumerate(self.groups, 1):
+            x0 = min(n.pos[0] for n in g.nodes) - 20
+            y0 = min(n.pos[1] for n in g.nodes) - 60
+            x1 = max(n.pos[0] + n.size[0] for n in g.nodes) + 20
+            y1 = max(n.pos[1] + n.size[1] for n in g.nodes) + 20
+            bounding = [x0, y0, x1 - x0, y1 - y0]
+            groups.append(
+                {
+                    "id": i,
+                    "title": g.title,
+                    "bounding": bounding,
+                    "color": g.color,
+                    "font_size": 24,
+                    "flags": {},
+                }
+            )
+        return {
+            "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfyui-flux2-klein/workflows/{self.name}")),
+            "revision": 0,
+            "last_node_id": max(n.id for n in self.nodes),
+            "last_link_id": max((lk.id for lk in self.links), default=0),
+            "nodes": nodes,
+            "links": links,
+            "groups": groups,
+            "config": {},
+            "extra": {"ds": {"scale": 0.7, "offset": [60, 80]}},
+            "version": 0.4,
+        }
+
+    # ---- API format
+    def to_api(self) -> dict:
+        api = {}
+        for n in self.nodes:
+            spec = n.spec
+            if spec.frontend_only:
+                continue
+            inputs = {}
+            for w in spec.widgets:
+                if w.in_api:
+                    inputs[w.name] = n.values[w.name]
+            for s in spec.inputs:
+                if s.name in n.links_in:
+                    lk = self.links[n.links_in[s.name] - 1]
+                    inputs[s.name] = [str(lk.src.id), lk.src_slot]
+            api[str(n.id)] = {
+                "inputs": inputs,
+                "class_type": n.type,
+                "_meta": {"title": n.title or spec.display_name},
+            }
+        return api
+
+
+def _input_index(node: Node, name: str) -> int:
+    return [s.name for s in node.spec.inputs].index(name)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Layout: columns from left to right, in the direction the data flows.
+
+X_NOTE, X_LOAD, X_ENCODE, X_SAMPLE, X_DECODE, X_SAVE = 0, 560, 1000, 1500, 1880, 2200
+LOADER_SIZE = (380, 110)
+POSITIVE_COLOR = ("#232", "#353")  # ComfyUI's usual green / red for positive / negative prompts
+NEGATIVE_COLOR = ("#322", "#533")
+NOTE_COLOR = ("#222", "#000")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    title: str
+    summary: str
+    dit: str
+    text_encoder: str
+    variant: str
+    steps: int
+    guidance: float
+    prompt: str
+    negative: str | None = None  # None: no negative prompt (distilled / KV)
+    references: int = 0
+    width: int = 1024
+    height: int = 1024
+    settings: str = ""
+
+
+def _note(r: Recipe) -> str:
+    files = [FILES[r.dit], FILES[r.text_encoder], FILES["flux2-vae.safetensors"]]
+    rows = "\n".join(
+        f"| `{f.name}` | `models/{f.directory}` | {f.source}"
+        + (f", [direct link]({f.url})" if f.url else "")
+        + " |"
+        for f in files
+    )
+    api = f"workflows/api/{r.name}.json"
+    images = " ".join(f"--image ref{i + 1}.png" for i in range(r.references))
+    return f"""# {r.title}
+
+{r.summary}
+
+## Model files
+
+| file | ComfyUI folder | where to get it |
+|---|---|---|
+{rows}
+
+Pick them in the three loader nodes; a wrong pairing (4B needs Qwen3-4B, 9B needs Qwen3-8B) is reported in
+plain words before sampling. Use the bf16 files named here: the fp8 files of ComfyUI's own klein templates are
+not read by these nodes.
+
+## Settings
+
+{r.settings}
+
+## Headless
+
+The same graph in API format is `{api}`; queue it with
+
+```
+python scripts/klein_client.py --server http://127.0.0.1:8188 --workflow {api} \\
+    --prompt "..." {images} --output-dir out/
+```
+"""
+
+
+def build(r: Recipe) -> Graph:
+    g = Graph(r.name)
+    model = g.add(
+        "Flux2KleinModelLoader",
+        (X_LOAD, 0),
+        (380, 130),
+        {"model_name": r.dit, "variant": r.variant, "weight_dtype": "default"},
+        properties={"models": models_property(r.dit)},
+    )
+    te = g.add(
+        "Flux2KleinTextEncoderLoader",
+        (X_LOAD, 180),
+        LOADER_SIZE,
+        {"text_encoder_name": r.text_encoder, "device": "default"},
+        properties={"models": models_property(r.text_encoder)},
+    )
+    vae = g.add(
+        "Flux2KleinVAELoader",
+        (X_LOAD, 340),
+        (380, 82),
+        {"vae_name": "flux2-vae.safetensors"},
+        properties={"models": models_property("flux2-vae.safetensors")},
+    )
+    g.group("Models", model, te, vae)
+
+    positive = g.add(
+        "Flux2KleinTextEncode",
+        (X_ENCODE, 0),
+        (440, 200),
+        {"text": r.prompt},
+        title="Prompt",
+        color=POSITIVE_COLOR[0],
+        bgcolor=POSITIVE_COLOR[1],
+    )
+    g.connect(te, positive, "text_encoder")
+    prompt_nodes = [positive]
+    negative = None
+    if r.negative is not None:
+        negative = g.add(
+            "Flux2KleinTextEncode",
+            (X_ENCODE, 250),
+            (440, 140),
+            {"text": r.negative},
+            title="Negative prompt",
+            color=NEGATIVE_COLOR[0],
+            bgcolor=NEGATIVE_COLOR[1],
+        )
+        g.connect(te, negative, "text_encoder")
+        prompt_nodes.append(negative)
+    g.group("Prompt", *prompt_nodes)
+
+    refs = None
+    ref_nodes = []
+    y = 520
+    for i in range(r.references):
+        image = g.add(
+            "LoadImage",
+            (X_LOAD, y),
+            (380, 400),
+            {"image": "example.png"},
+            title=f"Reference image {i + 1}",
+        )
+        enc = g.add(
+            "Flux2KleinReferenceEncode",
+            (X_ENCODE, y),
+            (440, 130),
+            {"max_megapixels": 1.0},
+            title=f"Reference {i + 1}",
+        )
+        g.connect(vae, enc, "vae")
+        g.connect(image, enc, "image")
+        if refs is not None:
+            g.connect(refs, enc, "references")
+        refs = enc
+        ref_nodes += [image, enc]
+        y += 460
+    if ref_nodes:
+        g.group(
+            "References (the first one sets the output size)" if r.references > 1 else "Reference", *ref_nodes
+        )
+
+    sampler = g.add(
+        "Flux2KleinSampler",
+        (X_SAMPLE, 0),
+        (330, 330),
+        {
+            "seed": SEED,
+            "steps": r.steps,
+            "guidance": r.guidance,
+            "width": r.width,
+            "height": r.height,
+            "batch_size": 1,
+        },
+    )
+    g.connect(model, sampler, "model")
+    g.connect(positive, sampler, "positive")
+    if negative is not None:
+        g.connect(negative, sampler, "negative")
+    if refs is not None:
+        g.connect(refs, sampler, "references")
+    decode = g.add("Flux2KleinDecode", (X_DECODE, 0), (260, 70))
+    g.connect(vae, decode, "vae")
+    g.connect(sampler, decode, "latent")
+    save = g.add("SaveImage", (X_SAVE, 0), (460, 500), {"filename_prefix": f"flux2_klein/{r.name}"})
+    g.connect(decode, save, "images")
+    g.group("Generate", sampler, decode, save)
+    g.add(
+        "MarkdownNote",
+        (X_NOTE, 0),
+        (520, 680),
+        {"text": _note(r)},
+        title="About this workflow",
+        color=NOTE_COLOR[0],
+        bgcolor=NOTE_COLOR[1],
+    )
+    return g
+
+
+FOX = (
+    "A red fox curled up in fresh snow at sunrise, soft golden backlight, frost on its fur, "
+    "shallow depth of field, wildlife photography"
+)
+DISTILLED_SETTINGS = (
+    "Distilled model: **4 steps, guidance 1.0** (no CFG, one model pass per step, so no negative prompt). "
+    "More steps rarely help. Width and height: multiples of 16, about 1–4 megapixels."
+)
+EDIT_SIZE = (
+    "Width and height are **0**, which means *the size of the first reference image* (after it is scaled to "
+    "at most `max_megapixels`, 1.0 by default, and to multiples of 16). Set them to a number to force a size."
+)
+
+RECIPES = (
+    Recipe(
+        name="flux2_klein_4b_text_to_image",
+        title="FLUX.2 [klein] 4B: text to image",
+        summary="Text to image with the distilled klein 4B model (Apache-2.0), the fastest klein.",
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt=FOX,
+        settings=DISTILLED_SETTINGS,
+    ),
+    Recipe(
+        name="flux2_klein_4b_base_text_to_image",
+        title="FLUX.2 [klein] 4B base: text to image",
+        summary=(
+            "Text to image with the undistilled klein 4B **base** model: slower (real classifier-free "
+            "guidance, two model passes per step) but more varied; the model to fine-tune or train LoRAs on."
+        ),
+        dit="flux-2-klein-base-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="base",
+        steps=50,
+        guidance=4.0,
+        prompt=FOX,
+        negative="",
+        settings=(
+            "Base model: **about 50 steps, guidance 4.0** (true CFG). The negative prompt is used; "
+            "an empty one is the usual choice. Fewer steps (20–30) give usable drafts."
+        ),
+    ),
+    Recipe(
+        name="flux2_klein_4b_edit",
+        title="FLUX.2 [klein] 4B: edit an image",
+        summary=(
+            "Edits one image following the prompt, with the distilled klein 4B model. "
+            "Load your image in *Reference image 1*."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt=(
+            "Turn this drawing into a photograph: a young woman with blonde hair in a pink dress standing on "
+            "a green meadow under a blue sky with white clouds. Keep the pose and the composition."
+        ),
+        references=1,
+        width=0,
+        height=0,
+        settings=f"{DISTILLED_SETTINGS}\n\n{EDIT_SIZE}",
+    ),
+    Recipe(
+        name="flux2_klein_4b_multi_reference_edit",
+        title="FLUX.2 [klein] 4B: combine several reference images",
+        summary=(
+            "Combines three reference images following the prompt (refer to them as image 1, 2, 3), with the "
+            "distilled klein 4B model. The references are chained: each *Reference Encode* adds one image. "
+            "For more references, copy a *Load Image* + *Reference Encode* pair and chain it; for fewer, "
+            "bypass (Ctrl+B) the last pairs' *Reference Encode* nodes or delete them."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt=(
+            "The person from image 1 wearing the outfit from image 2, standing in the place shown in "
+            "image 3. Natural light, photorealistic."
+        ),
+        references=3,
+        width=0,
+        height=0,
+        settings=f"{DISTILLED_SETTINGS}\n\n{EDIT_SIZE} Every extra reference makes each step slower.",
+    ),
+    Recipe(
+        name="flux2_klein_9b_kv_edit",
+        title="FLUX.2 [klein] 9B-KV: fast reference editing",
+        summary=(
+            "Edits with one or two reference images using the klein **9B-KV** model, which computes the "
+            "references' attention keys/values once (first step) and reuses them, so editing costs little "
+            "more than text to image. For a single reference, bypass (Ctrl+B) or delete *Reference 2*."
+        ),
+        dit="flux-2-klein-9b-kv.safetensors",
+        text_encoder="qwen_3_8b.safetensors",
+        variant="kv",
+        steps=4,
+        guidance=1.0,
+        prompt=(
+            "Put the person from image 1 in the clothes from image 2. Keep the face, the pose and the "
+            "background of image 1."
+        ),
+        references=2,
+        width=0,
+        height=0,
+        settings=(
+            "9B-KV is distilled: **4 steps, guidance 1.0**. The 9B models need the Qwen3-8B text encoder "
+            "(`qwen_3_8b.safetensors`) and are under the FLUX non-commercial licence.\n\n" + EDIT_SIZE
+        ),
+    ),
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Output
+
+
+def build_all() -> dict[str, tuple[dict, dict]]:
+    """{name: (editor workflow, API workflow)} for every bundled workflow."""
+    out = {}
+    for r in RECIPES:
+        g = build(r)
+        out[r.name] = (g.to_editor(), g.to_api())
+    return out
+
+
+def render(obj) -> str:
+    """JSON text as committed: 2-space indent, lists of plain values kept on one line."""
+    return _render(obj, 0) + "\n"
+
+
+def _render(obj, level: int) -> str:
+    pad, inner = "  " * level, "  " * (level + 1)
+    if isinstance(obj, dict) and obj:
+        items = [f"{inner}{json.dumps(k)}: {_render(v, level + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(obj, list) and any(isinstance(v, (dict, list)) for v in obj):
+        items = [f"{inner}{_render(v, level + 1)}" for v in obj]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def expected_files() -> dict[Path, str]:
+    files = {}
+    for name, (editor, api) in build_all().items():
+        files[WORKFLOW_DIR / f"{name}.json"] = render(editor)
+        files[API_DIR / f"{name}.json"] = render(api)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only compare with the files on disk")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, text in expected_files().items():
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        stale.append(path)
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    for path in stale:
+        print(("out of date: " if args.check else "wrote ") + str(path.relative_to(REPO)))
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,383 @@
+"""The ComfyUI node layer on a fake host (tests/comfy_stubs.py) and tiny random models, on the CPU.
+
+The pack is imported the way ComfyUI imports a custom-node folder; the fake host modules live in sys.modules
+only while this file's tests run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from comfy_stubs import (
+    REPO_ROOT,
+    FakeHost,
+    InterruptProcessingException,
+    load_pack,
+    pack_module_name,
+    unload_pack,
+)
+from tiny_dit import make_diffusers_dit, write_bfl_file
+from tiny_text import make_tiny_qwen3, write_comfy_file
+from tiny_vae import TINY_VAE, random_vae_state_dict
+from tiny_vae import write_bfl_file as write_vae_file
+
+NODE_IDS = {  # node id -> (display name, category, RETURN_TYPES)
+    "Flux2KleinModelLoader": ("FLUX.2 [klein] Model Loader", "flux2_klein/loaders", ("FLUX2_KLEIN_MODEL",)),
+    "Flux2KleinTextEncoderLoader": ("FLUX.2 [klein] Text Encoder Loader", "flux2_klein/loaders",
+                                    ("FLUX2_KLEIN_TEXT_ENCODER",)),
+    "Flux2KleinVAELoader": ("FLUX.2 [klein] VAE Loader", "flux2_klein/loaders", ("FLUX2_KLEIN_VAE",)),
+    "Flux2KleinTextEncode": ("FLUX.2 [klein] Text Encode", "flux2_klein/conditioning",
+                             ("FLUX2_KLEIN_CONDITIONING",)),
+    "Flux2KleinReferenceEncode": ("FLUX.2 [klein] Reference Encode", "flux2_klein/conditioning",
+                                  ("FLUX2_KLEIN_REFERENCES",)),
+    "Flux2KleinSampler": ("FLUX.2 [klein] Sampler", "flux2_klein/sampling", ("LATENT",)),
+    "Flux2KleinDecode": ("FLUX.2 [klein] Decode", "flux2_klein/latent", ("IMAGE",)),
+}  # fmt: skip
+INPUTS = {  # node id -> (required, optional) input ids: workflows store these, so they never change
+    "Flux2KleinModelLoader": (["model_name", "variant"], ["weight_dtype"]),
+    "Flux2KleinTextEncoderLoader": (["text_encoder_name"], ["device"]),
+    "Flux2KleinVAELoader": (["vae_name"], []),
+    "Flux2KleinTextEncode": (["text_encoder", "text"], []),
+    "Flux2KleinReferenceEncode": (["vae", "image"], ["references", "max_megapixels"]),
+    "Flux2KleinSampler": (
+        ["model", "positive", "seed", "steps", "guidance", "width", "height", "batch_size"],
+        ["negative", "references", "latent"],
+    ),
+    "Flux2KleinDecode": (["vae", "latent"], []),
+}
+# Native ids our ids could be confused with; a custom id equal to a native one is silently dropped by ComfyUI.
+NATIVE_IDS = {
+    "EmptyFlux2LatentImage", "Flux2Scheduler", "FluxKVCache", "ReferenceLatent", "FluxGuidance",
+    "FluxKontextMultiReferenceLatentMethod", "CLIPTextEncodeFlux", "UNETLoader", "CLIPLoader", "VAELoader",
+    "VAEDecode", "VAEEncode", "KSampler", "SamplerCustomAdvanced", "CLIPTextEncode", "EmptyLatentImage",
+}  # fmt: skip
+TEXT_WIDTH = 3 * 32  # tiny Qwen3: hidden 32, three hidden states per token
+
+
+@pytest.fixture(scope="module")
+def fake_host(tmp_path_factory):
+    root = tmp_path_factory.mktemp("comfy_models")
+    host = FakeHost(root)
+    for folder in host.folders:
+        host.folder(folder).mkdir()
+    dit = make_diffusers_dit(joint_attention_dim=TEXT_WIDTH)
+    write_bfl_file(dit, host.folder("diffusion_models") / "klein_tiny.safetensors")
+    write_bfl_file(dit, host.folder("diffusion_models") / "klein_tiny_base.safetensors")
+    write_bfl_file(make_diffusers_dit(), host.folder("diffusion_models") / "klein_tiny_text24.safetensors")
+    write_bfl_file(dit, root / "outside.safetensors")  # reachable only through "../"
+    write_comfy_file(make_tiny_qwen3(), host.folder("text_encoders") / "qwen_tiny.safetensors")
+    write_vae_file(random_vae_state_dict(TINY_VAE), host.folder("vae") / "flux2_tiny_vae.safetensors")
+    with host.installed():
+        try:
+            yield host
+        finally:
+            unload_pack()
+
+
+@pytest.fixture(scope="module")
+def pack(fake_host):
+    return load_pack()
+
+
+@pytest.fixture
+def host(fake_host):
+    fake_host.reset()
+    yield fake_host
+    fake_host.reset()
+
+
+@pytest.fixture(scope="module")
+def nodes(pack):
+    return {node_id: cls() for node_id, cls in pack.NODE_CLASS_MAPPINGS.items()}
+
+
+@pytest.fixture(scope="module")
+def Flux2Error(pack):
+    return sys.modules[f"{pack.__name__}.flux2_core.errors"].Flux2Error
+
+
+@pytest.fixture(scope="module")
+def loaded(nodes, fake_host):
+    """Tiny model, text encoder and VAE through the loader nodes, with two encoded prompts."""
+    (model,) = nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "auto")
+    (encoder,) = nodes["Flux2KleinTextEncoderLoader"].load("qwen_tiny.safetensors")
+    (vae,) = nodes["Flux2KleinVAELoader"].load("flux2_tiny_vae.safetensors")
+    (positive,) = nodes["Flux2KleinTextEncode"].encode(encoder, "a red apple on a table")
+    (negative,) = nodes["Flux2KleinTextEncode"].encode(encoder, "")
+    return dict(model=model, encoder=encoder, vae=vae, positive=positive, negative=negative)
+
+
+def image(height: int, width: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    return torch.rand(batch, height, width, 3, generator=torch.Generator().manual_seed(seed))
+
+
+def run_sampler(nodes, loaded, **overrides):
+    args = dict(model=loaded["model"], positive=loaded["positive"], seed=7, steps=2, guidance=1.0,
+                width=64, height=64, batch_size=1)  # fmt: skip
+    return nodes["Flux2KleinSampler"].sample(**{**args, **overrides})[0]["samples"]
+
+
+# -- registration and schemas ------------------------------------------------------------------------------
+
+
+def test_ids_display_names_categories_and_outputs(pack):
+    assert set(pack.NODE_CLASS_MAPPINGS) == set(NODE_IDS)
+    assert set(pack.NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_IDS)
+    for node_id, (display, category, outputs) in NODE_IDS.items():
+        cls = pack.NODE_CLASS_MAPPINGS[node_id]
+        assert pack.NODE_DISPLAY_NAME_MAPPINGS[node_id] == display
+        assert cls.CATEGORY == category and cls.RETURN_TYPES == outputs
+        assert callable(getattr(cls, cls.FUNCTION)) and len(cls.OUTPUT_TOOLTIPS) == len(outputs)
+
+
+def test_ids_are_prefixed_and_never_native(pack):
+    ids = list(pack.NODE_CLASS_MAPPINGS)
+    assert len(ids) == len(set(ids))
+    assert all(node_id.startswith("Flux2Klein") for node_id in ids)
+    assert not set(ids) & NATIVE_IDS
+
+
+def test_input_ids_types_and_tooltips(pack):
+    for node_id, (required, optional) in INPUTS.items():
+        spec = pack.NODE_CLASS_MAPPINGS[node_id].INPUT_TYPES()
+        assert list(spec["required"]) == required
+        assert list(spec.get("optional", {})) == optional
+        for name, (kind, options) in {**spec["required"], **spec.get("optional", {})}.items():
+            assert options.get("tooltip"), f"{node_id}.{name} has no tooltip"
+            assert isinstance(kind, list) or kind.isupper(), (node_id, name, kind)
+
+
+def test_widgets(pack, fake_host):
+    spec = {
+        k: v
+        for part in pack.NODE_CLASS_MAPPINGS["Flux2KleinSampler"].INPUT_TYPES().values()
+        for k, v in part.items()
+    }
+    assert (
+        spec["seed"][1].items()
+        >= {"min": 0, "max": 0xFFFFFFFFFFFFFFFF, "control_after_generate": True}.items()
+    )
+    assert (spec["steps"][1]["default"], spec["steps"][1]["min"], spec["steps"][1]["max"]) == (4, 1, 200)
+    assert spec["guidance"][1].items() >= {"default": 1.0, "min": 0.0, "max": 30.0, "step": 0.1}.items()
+    for side in ("width", "height"):
+        assert spec[side][1].items() >= {"default": 1024, "min": 0, "max": 8192, "step": 16}.items()
+    assert spec["batch_size"][1].items() >= {"default": 1, "min": 1, "max": 64}.items()
+    assert [spec[k][0] for k in ("model", "positive", "negative", "references", "latent")] == [
+        "FLUX2_KLEIN_MODEL", "FLUX2_KLEIN_CONDITIONING", "FLUX2_KLEIN_CONDITIONING", "FLUX2_KLEIN_REFERENCES",
+        "LATENT",
+    ]  # fmt: skip
+    loader = pack.NODE_CLASS_MAPPINGS["Flux2KleinModelLoader"].INPUT_TYPES()
+    assert loader["required"]["model_name"][0] == sorted(
+        ["klein_tiny.safetensors", "klein_tiny_base.safetensors", "klein_tiny_text24.safetensors"]
+    )
+    assert loader["required"]["variant"][0] == ["auto", "distilled", "base", "kv"]
+    assert loader["optional"]["weight_dtype"][0] == ["default", "bfloat16", "float16", "float32"]
+    te = pack.NODE_CLASS_MAPPINGS["Flux2KleinTextEncoderLoader"].INPUT_TYPES()
+    assert te["required"]["text_encoder_name"][0] == ["qwen_tiny.safetensors"]
+    assert te["optional"]["device"][0] == ["default", "cpu"]
+    assert pack.NODE_CLASS_MAPPINGS["Flux2KleinVAELoader"].INPUT_TYPES()["required"]["vae_name"][0] == [
+        "flux2_tiny_vae.safetensors"
+    ]
+    text = pack.NODE_CLASS_MAPPINGS["Flux2KleinTextEncode"].INPUT_TYPES()["required"]["text"]
+    assert text[0] == "STRING" and text[1]["multiline"] is True and text[1]["dynamicPrompts"] is False
+    ref = pack.NODE_CLASS_MAPPINGS["Flux2KleinReferenceEncode"].INPUT_TYPES()["optional"]["max_megapixels"]
+    assert ref[0] == "FLOAT" and ref[1]["default"] == 1.0
+    assert "1024" in ref[1]["tooltip"]
+
+
+def test_validate_inputs(pack):
+    validate = pack.NODE_CLASS_MAPPINGS["Flux2KleinSampler"].VALIDATE_INPUTS
+    assert validate(width=1024, height=1024) is True
+    assert validate(width=0, height=512) is True
+    assert validate(width=None, height=None) is True  # linked inputs arrive as None
+    for width in (1000, 32, 8208, -16):
+        message = validate(width=width, height=1024)
+        assert isinstance(message, str) and f"width {width}" in message and "multiple of 16" in message
+    assert "height 100" in validate(width=64, height=100)
+
+
+def test_root_package_without_comfyui_exposes_no_nodes():
+    # As ComfyUI imports the folder, but with no folder_paths: no nodes, and nothing heavy imported.
+    code = textwrap.dedent(
+        """
+        import importlib.util, sys
+        sys.modules["folder_paths"] = None
+        spec = importlib.util.spec_from_file_location(NAME, INIT, submodule_search_locations=[ROOT])
+        pack = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = pack
+        spec.loader.exec_module(pack)
+        assert pack.NODE_CLASS_MAPPINGS == {} and pack.NODE_DISPLAY_NAME_MAPPINGS == {}
+        heavy = [m for m in ("torch", "transformers", "comfy", NAME + ".nodes") if m in sys.modules]
+        assert not heavy, heavy
+        """
+    )
+    names = (
+        f"NAME, INIT, ROOT = {pack_module_name()!r}, {str(REPO_ROOT / '__init__.py')!r}, {str(REPO_ROOT)!r}"
+    )
+    result = subprocess.run([sys.executable, "-c", names + code], capture_output=True, text=True, cwd="/")
+    assert result.returncode == 0, result.stderr
+
+
+# -- loaders -------------------------------------------------------------------------------------------------
+
+
+def test_loaders_wrap_the_core_modules_in_patchers(loaded, fake_host):
+    model, encoder, vae = loaded["model"], loaded["encoder"], loaded["vae"]
+    assert model.patcher.model.module is model.model.transformer
+    assert encoder.patcher.model.module is encoder.encoder.model
+    assert vae.patcher.model.module is vae.vae
+    assert model.model.variant.name == "distilled" and model.model.transformer.dtype == torch.float32
+    assert model.patcher.size == sum(t.nbytes for t in model.model.transformer.state_dict().values())
+
+
+def test_loader_dtype_and_variant_choice(nodes):
+    (model,) = nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "kv", weight_dtype="bfloat16")
+    assert model.model.variant.name == "kv" and model.model.transformer.dtype == torch.bfloat16
+    (base,) = nodes["Flux2KleinModelLoader"].load("klein_tiny_base.safetensors", "auto")
+    assert base.model.variant.name == "base"
+
+
+def test_a_name_with_dotdot_is_never_opened(nodes, pack, monkeypatch, Flux2Error):
+    loaders = sys.modules[f"{pack.__name__}.nodes.loaders"]
+    opened = []
+    monkeypatch.setattr(loaders, "load_transformer", lambda path, **kw: opened.append(path))
+    with pytest.raises(Flux2Error, match="not a file"):
+        nodes["Flux2KleinModelLoader"].load("../outside.safetensors", "auto")
+    with pytest.raises(Flux2Error, match="not a file"):
+        nodes["Flux2KleinVAELoader"].load("../diffusion_models/klein_tiny.safetensors")
+    assert opened == []
+
+
+# -- conditioning --------------------------------------------------------------------------------------------
+
+
+def test_text_encode_gives_cpu_conditioning_and_frees_the_encoder(nodes, loaded, host):
+    (cond,) = nodes["Flux2KleinTextEncode"].encode(loaded["encoder"], "a cat")
+    assert cond.embeds.shape == (1, 512, TEXT_WIDTH) and cond.embeds.dtype == torch.float32
+    assert cond.embeds.device.type == "cpu" and cond.width == TEXT_WIDTH and cond.encoder_name
+    patcher = loaded["encoder"].patcher
+    assert host.loads == [(patcher, True)] and host.unloads == [patcher]
+    native = cond.to_native()
+    assert native[0][0] is cond.embeds and native[0][1] == {"pooled_output": None}
+
+
+def test_reference_batch_and_chain_keep_order(nodes, loaded):
+    encode = nodes["Flux2KleinReferenceEncode"].encode
+    (first,) = encode(loaded["vae"], image(64, 128, batch=2))
+    assert first.grid_sizes == [(4, 8), (4, 8)]
+    (chained,) = encode(loaded["vae"], image(80, 64), references=first)
+    assert chained.grid_sizes == [(4, 8), (4, 8), (5, 4)]
+    torch.testing.assert_close(chained.tokens[:, : first.num_tokens], first.tokens)
+
+
+def test_reference_pixel_cap(nodes, loaded):
+    encode = nodes["Flux2KleinReferenceEncode"].encode
+    (small,) = encode(loaded["vae"], image(200, 120), max_megapixels=0.0625)  # 0.0625 MP = 256 x 256 px
+    assert small.pixel_size(0) == (112, 192)  # under the cap: only centre-cropped to multiples of 16
+    (large,) = encode(loaded["vae"], image(512, 256), max_megapixels=0.0625)
+    assert large.pixel_size(0) == (176, 352)  # 256 x 512 scaled by sqrt(1/2) to 181 x 362, cropped to /16
+
+
+# -- sampling and decoding -----------------------------------------------------------------------------------
+
+
+def test_end_to_end_chain(nodes, loaded, host):
+    (refs,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(64, 64))
+    samples = run_sampler(nodes, loaded, references=refs, steps=3, width=64, height=80)
+    assert samples.shape == (1, 128, 5, 4) and samples.dtype == torch.float32 and samples.device.type == "cpu"
+    assert torch.isfinite(samples).all()
+    assert [(value, total) for value, total, _ in host.progress] == [(1, 3), (2, 3), (3, 3)]
+    assert all(preview == ("JPEG", (1, 128, 5, 4), 512) for _, _, preview in host.progress)
+    assert (loaded["model"].patcher, True) in host.loads
+    assert loaded["model"].model.transformer.on_block is None  # the interrupt hook is removed afterwards
+    (pixels,) = nodes["Flux2KleinDecode"].decode(loaded["vae"], {"samples": samples})
+    assert pixels.shape == (1, 80, 64, 3) and pixels.dtype == torch.float32
+    assert 0.0 <= pixels.min() and pixels.max() <= 1.0
+
+
+def test_same_seed_same_latent_and_no_previews_when_off(nodes, loaded, host):
+    first = run_sampler(nodes, loaded, seed=123)
+    host.previews_enabled = False
+    host.progress.clear()
+    again = run_sampler(nodes, loaded, seed=123)
+    torch.testing.assert_close(first, again, atol=0, rtol=0)
+    assert [preview for _, _, preview in host.progress] == [None, None]
+    assert not torch.equal(first, run_sampler(nodes, loaded, seed=124))
+
+
+def test_decode_is_vae_decode_mapped_to_0_1(nodes, loaded):
+    latent = torch.randn(2, 128, 4, 3, generator=torch.Generator().manual_seed(1))
+    (pixels,) = nodes["Flux2KleinDecode"].decode(loaded["vae"], {"samples": latent})
+    expected = ((loaded["vae"].vae.decode(latent) + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1)
+    torch.testing.assert_close(pixels, expected)
+
+
+def test_decode_rejects_a_non_flux2_latent(nodes, loaded, Flux2Error):
+    with pytest.raises(Flux2Error, match="FLUX.2 latent"):
+        nodes["Flux2KleinDecode"].decode(loaded["vae"], {"samples": torch.zeros(1, 16, 8, 8)})
+
+
+def test_width_zero_takes_the_reference_size(nodes, loaded):
+    (refs,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(80, 112))
+    assert run_sampler(nodes, loaded, references=refs, width=0, height=0, steps=1).shape == (1, 128, 5, 7)
+    assert run_sampler(nodes, loaded, references=refs, width=64, height=0, steps=1).shape == (1, 128, 5, 4)
+
+
+def test_width_zero_without_references_is_1024(pack):
+    convert = sys.modules[f"{pack.__name__}.nodes.convert"]
+    assert convert.output_size(0, 0, 2) == (1024, 1024, 2)
+
+
+def test_native_latent_sets_size_and_batch(nodes, loaded):
+    latent = {"samples": torch.full((2, 128, 4, 6), 5.0)}  # like EmptyFlux2LatentImage(96, 64, 2)
+    samples = run_sampler(nodes, loaded, latent=latent, width=1024, height=1024, batch_size=1, steps=1)
+    assert samples.shape == (2, 128, 4, 6)
+    plain = run_sampler(nodes, loaded, width=96, height=64, batch_size=2, steps=1)
+    torch.testing.assert_close(samples, plain, atol=0, rtol=0)  # content ignored: pure noise either way
+
+
+def test_interrupt_before_the_run(nodes, loaded, host):
+    host.interrupted = True
+    with pytest.raises(InterruptProcessingException):
+        run_sampler(nodes, loaded, steps=4)
+    assert host.progress == [] and loaded["model"].model.transformer.on_block is None
+
+
+def test_interrupt_during_the_run_stops_it(nodes, loaded, host):
+    host.on_progress = lambda value, total: setattr(host, "interrupted", value == 2)
+    with pytest.raises(BaseException) as caught:
+        run_sampler(nodes, loaded, steps=4)
+    assert caught.type is InterruptProcessingException and not isinstance(caught.value, Exception)
+    assert [value for value, _, _ in host.progress] == [1, 2]
+
+
+def test_wrong_text_encoder_for_the_model(nodes, loaded, Flux2Error):
+    (model,) = nodes["Flux2KleinModelLoader"].load("klein_tiny_text24.safetensors", "distilled")
+    with pytest.raises(Flux2Error, match="needs") as caught:
+        run_sampler(nodes, loaded, model=model, steps=1)
+    assert "24" in str(caught.value) and str(TEXT_WIDTH) in str(caught.value)
+
+
+def test_base_model_guidance_needs_a_negative(nodes, loaded, host, Flux2Error):
+    (base,) = nodes["Flux2KleinModelLoader"].load("klein_tiny_base.safetensors", "auto")
+    with pytest.raises(Flux2Error, match="negative"):
+        run_sampler(nodes, loaded, model=base, guidance=4.0, steps=1)
+    with_cfg = run_sampler(nodes, loaded, model=base, guidance=4.0, negative=loaded["negative"], steps=1)
+    without = run_sampler(nodes, loaded, model=base, guidance=1.0, steps=1)
+    assert with_cfg.shape == without.shape and not torch.equal(with_cfg, without)
+
+
+def test_kv_model_with_references(nodes, loaded):
+    (kv,) = nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "kv")
+    (refs,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(64, 64))
+    samples = run_sampler(nodes, loaded, model=kv, references=refs, steps=2)
+    assert samples.shape == (1, 128, 4, 4) and torch.isfinite(samples).all()
+
+
+def test_sampler_rejects_a_bad_size_at_run_time(nodes, loaded, Flux2Error):
+    with pytest.raises(Flux2Error, match="multiple of 16"):
+        run_sampler(nodes, loaded, latent={"samples": torch.zeros(1, 128, 2, 2)})  # 32 x 32 px

@@ -1,0 +1,651 @@
+"""The bundled workflows (editor and API format) and the headless client's pure parts. No ComfyUI needed.
+
+The node contract below is written out independently of scripts/build_workflows.py on purpose: the generator
+and this table must agree, and both must agree with the nodes (checked against a real server's /object_info
+by the ComfyUI integration tests).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = REPO / "workflows"
+API = WORKFLOWS / "api"
+
+
+def _load_script(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+build_workflows = _load_script("build_workflows")
+client = _load_script("klein_client")
+
+# ---------------------------------------------------------------------------------------------------------
+# The contract: link inputs (name -> type, required?), widgets in order, outputs (types in order).
+
+MODEL, TE, VAE = "FLUX2_KLEIN_MODEL", "FLUX2_KLEIN_TEXT_ENCODER", "FLUX2_KLEIN_VAE"
+COND, REFS = "FLUX2_KLEIN_CONDITIONING", "FLUX2_KLEIN_REFERENCES"
+
+CONTRACT = {
+    "Flux2KleinModelLoader": {
+        "inputs": {},
+        "widgets": ["model_name", "variant", "weight_dtype"],
+        "outputs": [MODEL],
+    },
+    "Flux2KleinTextEncoderLoader": {
+        "inputs": {},
+        "widgets": ["text_encoder_name", "device"],
+        "outputs": [TE],
+    },
+    "Flux2KleinVAELoader": {"inputs": {}, "widgets": ["vae_name"], "outputs": [VAE]},
+    "Flux2KleinTextEncode": {"inputs": {"text_encoder": (TE, True)}, "widgets": ["text"], "outputs": [COND]},
+    "Flux2KleinReferenceEncode": {
+        "inputs": {"vae": (VAE, True), "image": ("IMAGE", True), "references": (REFS, False)},
+        "widgets": ["max_megapixels"],
+        "outputs": [REFS],
+    },
+    "Flux2KleinSampler": {
+        "inputs": {
+            "model": (MODEL, True),
+            "positive": (COND, True),
+            "negative": (COND, False),
+            "references": (REFS, False),
+            "latent": ("LATENT", False),
+        },
+        "widgets": ["seed", "steps", "guidance", "width", "height", "batch_size"],
+        "control_after_generate": ["seed"],
+        "outputs": ["LATENT"],
+    },
+    "Flux2KleinDecode": {
+        "inputs": {"vae": (VAE, True), "latent": ("LATENT", True)},
+        "widgets": [],
+        "outputs": ["IMAGE"],
+    },
+}
+NATIVE = {
+    # the upload button is frontend-only: kept in widgets_values ("image"), never sent to the server
+    "LoadImage": {
+        "inputs": {},
+        "widgets": ["image", "upload"],
+        "api_widgets": ["image"],
+        "outputs": ["IMAGE", "MASK"],
+    },
+    "SaveImage": {
+        "inputs": {"images": ("IMAGE", True)},
+        "widgets": ["filename_prefix"],
+        "outputs": ["IMAGE"],
+    },
+}
+FRONTEND_ONLY = {"MarkdownNote": {"widgets": ["text"]}, "Note": {"widgets": ["text"]}}
+SCHEMAS = {**CONTRACT, **NATIVE}
+CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+
+NAMES = [
+    "flux2_klein_4b_text_to_image",
+    "flux2_klein_4b_base_text_to_image",
+    "flux2_klein_4b_edit",
+    "flux2_klein_4b_multi_reference_edit",
+    "flux2_klein_9b_kv_edit",
+]
+
+
+def editor(name: str) -> dict:
+    return json.loads((WORKFLOWS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def api(name: str) -> dict:
+    return json.loads((API / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def api_widgets(type_: str) -> list[str]:
+    schema = SCHEMAS[type_]
+    return schema.get("api_widgets", schema["widgets"])
+
+
+def editor_widget_values(node: dict) -> dict:
+    """{widget name: value} of an editor node, with the control_after_generate entries taken out."""
+    schema = SCHEMAS[node["type"]]
+    values = list(node["widgets_values"])
+    out = {}
+    for w in schema["widgets"]:
+        out[w] = values.pop(0)
+        if w in schema.get("control_after_generate", ()):
+            control = values.pop(0)
+            assert control in CONTROL_VALUES, (node["id"], control)
+    assert not values, f"node {node['id']}: extra widget values {values}"
+    return out
+
+
+def editor_edges(wf: dict) -> set[tuple]:
+    """{(target id, input name, source id, output slot)} of an editor workflow."""
+    nodes = {n["id"]: n for n in wf["nodes"]}
+    return {(str(t), nodes[t]["inputs"][ts]["name"], str(o), os_) for _, o, os_, t, ts, _ in wf["links"]}
+
+
+def api_edges(wf: dict) -> set[tuple]:
+    return {
+        (nid, name, v[0], v[1])
+        for nid, n in wf.items()
+        for name, v in n["inputs"].items()
+        if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Files and drift
+
+
+def test_every_workflow_is_there_and_parses():
+    assert sorted(p.stem for p in WORKFLOWS.glob("*.json")) == sorted(NAMES)
+    assert sorted(p.stem for p in API.glob("*.json")) == sorted(NAMES)
+    for name in NAMES:
+        assert editor(name)["version"] == 0.4
+        assert isinstance(api(name), dict)
+
+
+def test_committed_files_match_the_generator():
+    expected = build_workflows.expected_files()
+    on_disk = {p: p.read_text(encoding="utf-8") for p in [*WORKFLOWS.glob("*.json"), *API.glob("*.json")]}
+    assert sorted(map(str, expected)) == sorted(map(str, on_disk))
+    stale = [str(p.relative_to(REPO)) for p, text in expected.items() if on_disk[p] != text]
+    assert not stale, f"run `python scripts/build_workflows.py` (out of date: {stale})"
+
+
+def test_generator_check_mode_passes():
+    assert build_workflows.main(["--check"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Editor format
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_editor_links_are_consistent(name):
+    wf = editor(name)
+    nodes = {n["id"]: n for n in wf["nodes"]}
+    assert len(nodes) == len(wf["nodes"]), "duplicate node ids"
+    assert wf["last_node_id"] >= max(nodes)
+    link_ids = [lk[0] for lk in wf["links"]]
+    assert len(set(link_ids)) == len(link_ids), "duplicate link ids"
+    assert wf["last_link_id"] >= max(link_ids)
+    for link_id, origin, origin_slot, target, target_slot, type_ in wf["links"]:
+        out = nodes[origin]["outputs"][origin_slot]
+        inp = nodes[target]["inputs"][target_slot]
+        assert link_id in out["links"], (name, link_id)
+        assert inp["link"] == link_id, (name, link_id)
+        assert out["type"] == inp["type"] == type_, (name, link_id)
+        # ... and the contract agrees on both ends
+        assert SCHEMAS[nodes[origin]["type"]]["outputs"][origin_slot] == type_
+        assert SCHEMAS[nodes[target]["type"]]["inputs"][inp["name"]][0] == type_
+    # no dangling references on the nodes' side
+    by_id = {lk[0]: lk for lk in wf["links"]}
+    for node in wf["nodes"]:
+        for slot, inp in enumerate(node["inputs"]):
+            if inp["link"] is not None:
+                assert by_id[inp["link"]][3:5] == [node["id"], slot], (name, node["id"], inp["name"])
+        for slot, out in enumerate(node["outputs"]):
+            assert out.get("slot_index", slot) == slot
+            for link_id in out["links"] or []:
+                assert by_id[link_id][1:3] == [node["id"], slot], (name, node["id"], link_id)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_editor_nodes_follow_the_contract(name):
+    wf = editor(name)
+    notes = [n for n in wf["nodes"] if n["type"] in FRONTEND_ONLY]
+    assert len(notes) == 1, "one Markdown note per workflow"
+    for node in wf["nodes"]:
+        type_ = node["type"]
+        if type_ in FRONTEND_ONLY:
+            assert len(node["widgets_values"]) == len(FRONTEND_ONLY[type_]["widgets"])
+            continue
+        assert type_ in SCHEMAS, f"unknown node type {type_}"
+        schema = SCHEMAS[type_]
+        assert node["properties"]["Node name for S&R"] == type_
+        assert node["mode"] == 0, "no bypassed or muted nodes"
+        # sockets first (contract order), then one widget input per widget, in widget order
+        names = [i["name"] for i in node["inputs"]]
+        assert names == list(schema["inputs"]) + schema["widgets"], (name, type_)
+        for inp in node["inputs"]:
+            if inp["name"] in schema["widgets"]:
+                assert inp["widget"] == {"name": inp["name"]} and inp["link"] is None
+            else:
+                assert inp["type"] == schema["inputs"][inp["name"]][0]
+                if schema["inputs"][inp["name"]][1]:
+                    assert inp["link"] is not None, f"{name}: required input {type_}.{inp['name']} unlinked"
+        assert [o["type"] for o in node["outputs"]] == schema["outputs"]
+        n_controls = len(schema.get("control_after_generate", ()))
+        assert len(node["widgets_values"]) == len(schema["widgets"]) + n_controls
+        values = editor_widget_values(node)
+        if type_ == "Flux2KleinSampler":
+            assert node["widgets_values"][1] == "randomize"
+            assert isinstance(values["seed"], int)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loaders_name_their_model_files(name):
+    wf = editor(name)
+    folders = {"model_name": "diffusion_models", "text_encoder_name": "text_encoders", "vae_name": "vae"}
+    note = next(n for n in wf["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
+    for node in wf["nodes"]:
+        if not node["type"].endswith("Loader"):
+            continue
+        (widget,) = [w for w in folders if w in CONTRACT[node["type"]]["widgets"]]
+        filename = editor_widget_values(node)[widget]
+        (model,) = node["properties"]["models"]
+        assert model["name"] == filename and model["directory"] == folders[widget]
+        if "url" in model:
+            assert model["url"].startswith("https://huggingface.co/") and model["url"].endswith(
+                "/" + filename
+            )
+        assert f"`{filename}`" in note and f"`models/{folders[widget]}`" in note
+
+
+# ---------------------------------------------------------------------------------------------------------
+# API format, and the two formats against each other
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_api_workflow_is_well_formed(name):
+    wf = api(name)
+    for node_id, node in wf.items():
+        assert node_id.isdigit()
+        assert set(node) == {"inputs", "class_type", "_meta"} and node["_meta"]["title"]
+        schema = SCHEMAS[node["class_type"]]  # KeyError: unknown (or frontend-only) node type
+        widgets = api_widgets(node["class_type"])
+        assert set(node["inputs"]) <= set(schema["inputs"]) | set(widgets), node_id
+        for w in widgets:
+            assert w in node["inputs"] and not isinstance(node["inputs"][w], list), (node_id, w)
+        for input_name, (type_, required) in schema["inputs"].items():
+            value = node["inputs"].get(input_name)
+            if value is None:
+                assert not required, f"{name}: node {node_id} misses required input {input_name}"
+                continue
+            source, slot = value
+            assert source in wf, f"{name}: node {node_id}.{input_name} links to missing node {source}"
+            assert SCHEMAS[wf[source]["class_type"]]["outputs"][slot] == type_
+        if node["class_type"] == "Flux2KleinSampler":
+            assert node["inputs"]["seed"] == 42
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_both_formats_describe_the_same_graph(name):
+    ed, ap = editor(name), api(name)
+    nodes = {str(n["id"]): n for n in ed["nodes"] if n["type"] not in FRONTEND_ONLY}
+    assert {i: n["type"] for i, n in nodes.items()} == {i: n["class_type"] for i, n in ap.items()}
+    assert editor_edges(ed) == api_edges(ap)
+    for node_id, node in nodes.items():
+        values = editor_widget_values(node)
+        for w in api_widgets(node["type"]):
+            assert ap[node_id]["inputs"][w] == values[w], (name, node_id, w)
+        assert ap[node_id]["_meta"]["title"] == node.get("title", ap[node_id]["_meta"]["title"])
+
+
+def _sampler(wf: dict) -> dict:
+    (node,) = [n for n in wf.values() if n["class_type"] == "Flux2KleinSampler"]
+    return node
+
+
+def _source(wf: dict, node: dict, input_name: str) -> dict | None:
+    value = node["inputs"].get(input_name)
+    return wf[value[0]] if value else None
+
+
+def _reference_chain(wf: dict) -> list[dict]:
+    """Reference-encode nodes from the first reference to the one feeding the sampler."""
+    chain, node = [], _source(wf, _sampler(wf), "references")
+    while node is not None:
+        chain.insert(0, node)
+        node = _source(wf, node, "references")
+    return chain
+
+
+EXPECTED = {
+    # name: (dit, text encoder, variant, steps, guidance, size, references, negative)
+    "flux2_klein_4b_text_to_image": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 1024, 0, False),
+    "flux2_klein_4b_base_text_to_image": (
+        "flux-2-klein-base-4b",
+        "qwen_3_4b",
+        "base",
+        50,
+        4.0,
+        1024,
+        0,
+        True,
+    ),
+    "flux2_klein_4b_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 1, False),
+    "flux2_klein_4b_multi_reference_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 3, False),
+    "flux2_klein_9b_kv_edit": ("flux-2-klein-9b-kv", "qwen_3_8b", "kv", 4, 1.0, 0, 2, False),
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_workflow_settings(name):
+    dit, te, variant, steps, guidance, size, n_refs, has_negative = EXPECTED[name]
+    wf = api(name)
+    sampler = _sampler(wf)
+    model = _source(wf, sampler, "model")["inputs"]
+    assert (model["model_name"], model["variant"]) == (f"{dit}.safetensors", variant)
+    positive = _source(wf, sampler, "positive")
+    assert _source(wf, positive, "text_encoder")["inputs"]["text_encoder_name"] == f"{te}.safetensors"
+    assert positive["inputs"]["text"].strip()
+    s = sampler["inputs"]
+    assert (s["steps"], s["guidance"], s["width"], s["height"], s["batch_size"]) == (
+        steps,
+        guidance,
+        size,
+        size,
+        1,
+    )
+    negative = _source(wf, sampler, "negative")
+    assert (negative is not None) == has_negative
+    if negative is not None:
+        assert negative["class_type"] == "Flux2KleinTextEncode" and negative["inputs"]["text"] == ""
+        assert negative is not positive
+    chain = _reference_chain(wf)
+    assert len(chain) == n_refs
+    images = [_source(wf, enc, "image") for enc in chain]
+    assert all(img["class_type"] == "LoadImage" for img in images)
+    assert len({id(img) for img in images}) == n_refs == len(client.nodes_of_type(wf, "LoadImage"))
+    (save,) = [n for n in wf.values() if n["class_type"] == "SaveImage"]
+    assert save["inputs"]["filename_prefix"] == f"flux2_klein/{name}"
+    decode = _source(wf, save, "images")
+    assert decode["class_type"] == "Flux2KleinDecode" and _source(wf, decode, "latent") is sampler
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Client: workflow patching
+
+
+def test_load_workflow_refuses_the_editor_format(tmp_path):
+    with pytest.raises(client.ComfyError, match="editor"):
+        client.load_workflow(WORKFLOWS / "flux2_klein_4b_edit.json")
+    assert client.load_workflow(API / "flux2_klein_4b_edit.json") == api("flux2_klein_4b_edit")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"1": {"inputs": {}}}')
+    with pytest.raises(client.ComfyError, match="not an API-format"):
+        client.load_workflow(bad)
+
+
+def test_prepare_sets_images_prompt_seed_and_more():
+    wf = api("flux2_klein_4b_multi_reference_edit")
+    out = client.prepare_workflow(
+        wf,
+        images=["a.png", "sub/b.png", "c.png"],
+        prompt="combine them",
+        seed=7,
+        sets=["Flux2KleinSampler.steps=8", "Reference 2.max_megapixels=0.5", "1.weight_dtype=bfloat16"],
+    )
+    assert wf == api("flux2_klein_4b_multi_reference_edit"), "the input workflow is left alone"
+    loaders = client.nodes_of_type(out, "LoadImage")
+    assert [out[i]["inputs"]["image"] for i in loaders] == ["a.png", "sub/b.png", "c.png"]
+    assert [_source(out, enc, "image")["inputs"]["image"] for enc in _reference_chain(out)] == [
+        "a.png",
+        "sub/b.png",
+        "c.png",
+    ]
+    sampler = _sampler(out)
+    assert _source(out, sampler, "positive")["inputs"]["text"] == "combine them"
+    assert sampler["inputs"]["seed"] == 7 and sampler["inputs"]["steps"] == 8
+    assert _reference_chain(out)[1]["inputs"]["max_megapixels"] == 0.5
+    assert out["1"]["inputs"]["weight_dtype"] == "bfloat16"
+
+
+def test_prompt_goes_to_the_positive_encoder_and_negative_to_the_negative():
+    wf = client.prepare_workflow(api("flux2_klein_4b_base_text_to_image"), prompt="a cat", negative="blurry")
+    sampler = _sampler(wf)
+    assert _source(wf, sampler, "positive")["inputs"]["text"] == "a cat"
+    assert _source(wf, sampler, "negative")["inputs"]["text"] == "blurry"
+    with pytest.raises(client.ComfyError, match="negative"):
+        client.prepare_workflow(api("flux2_klein_4b_text_to_image"), negative="blurry")
+
+
+def test_fewer_images_cut_the_reference_chain():
+    one = client.prepare_workflow(api("flux2_klein_9b_kv_edit"), images=["me.png"])
+    chain = _reference_chain(one)
+    assert len(chain) == 1 and _source(one, chain[0], "image")["inputs"]["image"] == "me.png"
+    assert len(client.nodes_of_type(one, "LoadImage")) == 1
+    assert _sampler(one)["inputs"]["width"] == 0, "still sized by the (remaining) first reference"
+    _assert_links_resolve(one)
+
+    two = client.prepare_workflow(api("flux2_klein_4b_multi_reference_edit"), images=["x.png", "y.png"])
+    assert [_source(two, e, "image")["inputs"]["image"] for e in _reference_chain(two)] == ["x.png", "y.png"]
+    _assert_links_resolve(two)
+
+    none = client.prepare_workflow(api("flux2_klein_4b_edit"), images=[])
+    assert "references" not in _sampler(none)["inputs"]
+    assert (
+        client.nodes_of_type(none, "LoadImage")
+        == client.nodes_of_type(none, "Flux2KleinReferenceEncode")
+        == []
+    )
+    assert (_sampler(none)["inputs"]["width"], _sampler(none)["inputs"]["height"]) == (1024, 1024)
+    _assert_links_resolve(none)
+
+    with pytest.raises(client.ComfyError, match="only 1 LoadImage"):
+        client.prepare_workflow(api("flux2_klein_4b_edit"), images=["a.png", "b.png"])
+
+
+def _assert_links_resolve(wf: dict) -> None:
+    for node in wf.values():
+        for value in node["inputs"].values():
+            if isinstance(value, list):
+                assert value[0] in wf
+
+
+def test_set_assignments():
+    wf = api("flux2_klein_4b_base_text_to_image")
+    assert client.parse_value("8") == 8 and client.parse_value("0.5") == 0.5
+    assert client.parse_value("true") is True and client.parse_value("a cat") == "a cat"
+    sampler_id = client.nodes_of_type(wf, "Flux2KleinSampler")[0]
+    assert client.apply_set(wf, f"{sampler_id}.guidance=3.5") == sampler_id
+    assert wf[sampler_id]["inputs"]["guidance"] == 3.5
+    client.apply_set(wf, "FLUX.2 [klein] Sampler.width=768")  # by title (dots in it are fine)
+    assert wf[sampler_id]["inputs"]["width"] == 768
+    client.apply_set(wf, "Negative prompt.text=ugly, blurry")
+    assert _source(wf, _sampler(wf), "negative")["inputs"]["text"] == "ugly, blurry"
+    for bad, match in [
+        ("Flux2KleinTextEncode.text=x", "matches nodes"),  # two text encoders: ambiguous
+        ("Nope.steps=1", "no node"),
+        ("steps=1", "NODE.INPUT=VALUE"),
+        (f"{sampler_id}.model=1", "is a link"),
+    ]:
+        with pytest.raises(client.ComfyError, match=match):
+            client.apply_set(wf, bad)
+
+
+def test_prompt_error_is_readable():
+    body = {
+        "error": {"type": "prompt_outputs_failed_validation", "message": "Prompt outputs failed validation"},
+        "node_errors": {
+            "1": {
+                "errors": [
+                    {
+                        "type": "value_not_in_list",
+                        "message": "Value not in list",
+                        "details": "model_name: 'x.safetensors' not in []",
+                    }
+                ],
+                "dependent_outputs": ["7"],
+                "class_type": "Flux2KleinModelLoader",
+            }
+        },
+    }
+    text = str(client.PromptRejected(body))
+    assert "Prompt outputs failed validation" in text
+    assert "node 1 (Flux2KleinModelLoader): Value not in list (model_name: 'x.safetensors' not in [])" in text
+    assert client.PromptRejected(body).exit_code == 3
+
+
+def test_fetch_outputs_keeps_saved_images_only():
+    entry = {
+        "outputs": {
+            "9": {"images": [{"filename": "b.png", "subfolder": "flux2_klein", "type": "output"}]},
+            "10": {"images": [{"filename": "p.png", "subfolder": "", "type": "temp"}]},
+            "7": {"images": [{"filename": "a.png", "subfolder": "flux2_klein", "type": "output"}]},
+        }
+    }
+    assert [(i["node_id"], i["filename"]) for i in client.fetch_outputs(entry)] == [
+        ("7", "a.png"),
+        ("9", "b.png"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Client: the HTTP calls, against a small stand-in for ComfyUI's routes (no websocket: polling path)
+
+
+class _FakeComfy(BaseHTTPRequestHandler):
+    uploads: dict = {}
+    prompts: dict = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code: int, body, ctype="application/json"):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/upload/image":
+            assert b'name="overwrite"\r\n\r\ntrue' in body
+            name = body.split(b'filename="')[1].split(b'"')[0].decode()
+            self.uploads[name] = body
+            return self._send(200, {"name": name, "subfolder": "", "type": "input"})
+        if self.path == "/prompt":
+            payload = json.loads(body)
+            prompt = payload["prompt"]
+            if any(
+                n["class_type"] == "Flux2KleinModelLoader" and n["inputs"]["model_name"] == "missing"
+                for n in prompt.values()
+            ):
+                return self._send(
+                    400,
+                    {
+                        "error": {"message": "Prompt outputs failed validation", "details": ""},
+                        "node_errors": {
+                            "1": {
+                                "errors": [{"message": "Value not in list"}],
+                                "class_type": "Flux2KleinModelLoader",
+                            }
+                        },
+                    },
+                )
+            self.prompts[payload["prompt_id"]] = prompt
+            return self._send(200, {"prompt_id": payload["prompt_id"], "number": 0, "node_errors": {}})
+        self._send(404, {})
+
+    def do_GET(self):
+        if self.path.startswith("/history/"):
+            prompt_id = self.path.rsplit("/", 1)[1]
+            prompt = self.prompts.get(prompt_id)
+            if prompt is None:
+                return self._send(200, {})
+            text = next(
+                n["inputs"]["text"] for n in prompt.values() if n["class_type"] == "Flux2KleinTextEncode"
+            )
+            if text == "FAIL":
+                status = {
+                    "status_str": "error",
+                    "completed": False,
+                    "messages": [
+                        ["execution_start", {"prompt_id": prompt_id}],
+                        [
+                            "execution_error",
+                            {
+                                "prompt_id": prompt_id,
+                                "node_id": "4",
+                                "node_type": "Flux2KleinTextEncode",
+                                "exception_type": "RuntimeError",
+                                "exception_message": "boom",
+                            },
+                        ],
+                    ],
+                }
+                return self._send(200, {prompt_id: {"prompt": [], "outputs": {}, "status": status}})
+            outputs = {
+                "7": {
+                    "images": [{"filename": "out_00001_.png", "subfolder": "flux2_klein", "type": "output"}]
+                }
+            }
+            status = {"status_str": "success", "completed": True, "messages": []}
+            return self._send(200, {prompt_id: {"prompt": [], "outputs": outputs, "status": status}})
+        if self.path.startswith("/view?"):
+            assert "filename=out_00001_.png" in self.path and "type=output" in self.path
+            return self._send(200, b"\x89PNG fake", "image/png")
+        self._send(404, {})
+
+
+@pytest.fixture()
+def fake_server():
+    _FakeComfy.uploads, _FakeComfy.prompts = {}, {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeComfy)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_client_round_trip_against_a_stand_in_server(fake_server, tmp_path, monkeypatch):
+    monkeypatch.setattr(client, "connect_ws", lambda server, client_id, timeout=5.0: None)
+    image = tmp_path / "mine.png"
+    image.write_bytes(b"\x89PNG input")
+    assert client.upload_image(fake_server, image) == "mine.png"
+
+    entry, paths = client.run(
+        fake_server,
+        api("flux2_klein_4b_edit"),
+        images=[image],
+        prompt="make it blue",
+        output_dir=tmp_path / "out",
+    )
+    (queued,) = _FakeComfy.prompts.values()
+    assert [n["inputs"]["image"] for n in queued.values() if n["class_type"] == "LoadImage"] == ["mine.png"]
+    assert [p.name for p in paths] == ["out_00001_.png"] and paths[0].read_bytes() == b"\x89PNG fake"
+
+    with pytest.raises(
+        client.ExecutionFailed, match=r"node 4 \(Flux2KleinTextEncode\) failed: RuntimeError: boom"
+    ):
+        client.run(fake_server, api("flux2_klein_4b_text_to_image"), prompt="FAIL")
+    with pytest.raises(client.PromptRejected, match="Value not in list"):
+        client.run(fake_server, api("flux2_klein_4b_text_to_image"), sets=["1.model_name=missing"])
+
+
+def test_cli_exit_codes(fake_server, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(client, "connect_ws", lambda server, client_id, timeout=5.0: None)
+    wf = str(API / "flux2_klein_4b_text_to_image.json")
+    out = tmp_path / "out"
+    assert (
+        client.main(
+            ["--server", fake_server, "--workflow", wf, "--prompt", "a fox", "--output-dir", str(out)]
+        )
+        == 0
+    )
+    assert (out / "out_00001_.png").exists()
+    assert client.main(["--server", fake_server, "--workflow", wf, "--prompt", "FAIL", "--quiet"]) == 4
+    assert client.main(["--server", fake_server, "--workflow", wf, "--set", "1.model_name=missing"]) == 3
+    assert (
+        client.main(["--server", fake_server, "--workflow", str(WORKFLOWS / "flux2_klein_4b_edit.json")]) == 1
+    )
+    assert client.main(["--server", "http://127.0.0.1:9", "--workflow", wf]) == 1
+    assert "error:" in capsys.readouterr().err
