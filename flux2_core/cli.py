@@ -1,4 +1,4 @@
-"""Command line: ``python -m flux2_core generate ...`` runs text-to-image or reference editing without ComfyUI.
+"""Command line: ``python -m flux2_core generate ...``: text-to-image or reference editing without ComfyUI.
 
 The text encoder runs first and is released before sampling, so the DiT and the text encoder never share the
 device. Images are written as PNG; with a batch, ``OUT.png`` becomes ``OUT_1.png``, ``OUT_2.png``, ...

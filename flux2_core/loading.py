@@ -1,11 +1,10 @@
 """Loading a FLUX.2 DiT checkpoint: format detection, one key-mapping table, shape-derived config, variant.
 
-Accepted: BFL single files (bare keys, or ``model.diffusion_model.`` / ``diffusion_model.`` prefixed, as ComfyUI
-writes them), and diffusers ``transformer/`` folders or files (sharded too). diffusers names are mapped onto the
-BFL names by ``DIFFUSERS_TO_BFL`` plus two reshapes: q/k/v are concatenated into one fused qkv, and the final
-layer's (scale; shift) rows are swapped back to BFL's (shift; scale). Missing that swap would load silently and
-produce garbage, so it lives in the same table as the renames.
-"""
+Accepted: BFL single files (bare keys, or prefixed with ``model.diffusion_model.`` / ``diffusion_model.`` as
+ComfyUI writes them), and diffusers ``transformer/`` folders or files (sharded too). diffusers names are
+mapped onto the BFL names by ``DIFFUSERS_TO_BFL`` plus two reshapes: q/k/v are concatenated into one fused
+qkv, and the final layer's (scale; shift) rows are swapped back to BFL's (shift; scale). Missing that swap
+would load silently and produce garbage, so it lives in the same table as the renames. """
 
 from __future__ import annotations
 
@@ -198,7 +197,7 @@ def transformer_config(state_dict: dict[str, torch.Tensor], name: str) -> Flux2C
 
 
 def detect_variant(checkpoint: Checkpoint) -> Variant:
-    """distilled / base / kv cannot be told from shapes: read model_index.json, metadata, then the file name."""
+    """Distilled, base and KV share shapes: read model_index.json, then metadata, then the file name."""
     index = checkpoint.model_index or {}
     if index:
         if "KV" in str(index.get("_class_name", "")):

@@ -1,10 +1,10 @@
 """Reference images for editing: validation, pixel cap, multiple-of-16 centre crop, encoding to tokens.
 
 Preprocessing follows BFL and diffusers: reject a side under 64 px or an aspect ratio over 8:1; when the image
-has more than ``max_pixels`` pixels, scale it by sqrt(max_pixels / area) (sizes truncated to int, Lanczos); then
-centre-crop (never resize) to multiples of 16. The two references differ on the cap: BFL allows 2024^2 for a
-single reference and 1024^2 for several, diffusers always 1024^2. We default to 1024^2 for every reference
-(diffusers; also what ComfyUI's klein templates feed), and let the caller raise it.
+has more than ``max_pixels`` pixels, scale it by sqrt(max_pixels / area) (sizes truncated to int, Lanczos);
+then centre-crop (never resize) to multiples of 16. The two references differ on the cap: BFL allows 2024^2
+for a single reference and 1024^2 for several, diffusers always 1024^2. We default to 1024^2 for every
+reference (diffusers; also what ComfyUI's klein templates feed), and let the caller raise it.
 
 Reference k is packed after the noisy tokens with position ids t = 10 * (k + 1) on its own latent grid.
 """
@@ -71,7 +71,7 @@ class ReferenceLatents:
 def prepare_reference(
     image: Image.Image | torch.Tensor, max_pixels: int = MAX_REFERENCE_PIXELS
 ) -> torch.Tensor:
-    """A PIL image, or a float tensor [3, H, W] / [H, W, 3] in 0..1 -> [1, 3, h, w] in -1..1, h and w % 16 == 0."""
+    """PIL image or float tensor [3, H, W] / [H, W, 3] in 0..1 -> [1, 3, h, w] in -1..1, sides % 16 == 0."""
     if isinstance(image, Image.Image):
         pixels = _from_pil(image, max_pixels)
     else:
@@ -104,11 +104,13 @@ def scaled_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
 def _validate(width: int, height: int) -> None:
     if width < MIN_SIDE or height < MIN_SIDE:
         raise Flux2Error(
-            f"reference image is {width}x{height}: both sides must be at least {MIN_SIDE} px; use a larger image"
+            f"reference image is {width}x{height}: both sides must be at least {MIN_SIDE} px; "
+            "use a larger image"
         )
     if max(width / height, height / width) > MAX_ASPECT:
         raise Flux2Error(
-            f"reference image is {width}x{height}, an aspect ratio over {MAX_ASPECT:g}:1: crop it closer to square"
+            f"reference image is {width}x{height}, an aspect ratio over {MAX_ASPECT:g}:1: "
+            "crop it closer to square"
         )
 
 

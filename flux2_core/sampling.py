@@ -2,8 +2,8 @@
 
 Conventions (BFL, diffusers and ComfyUI agree): x_sigma = (1 - sigma) x0 + sigma noise, the model predicts
 v = noise - x0, and each step is x <- x + (sigma_next - sigma) v, ending at sigma = 0. Latents stay float32
-between steps and the timestep goes to the model as float32 sigma (ComfyUI's choice; BFL and diffusers round it to
-bf16 first, and do so differently from each other). Noise is drawn on the CPU in float32 from
+between steps and the timestep goes to the model as float32 sigma (ComfyUI's choice; BFL and diffusers round
+it to bf16 first, and do so differently from each other). Noise is drawn on the CPU in float32 from
 ``torch.Generator("cpu").manual_seed(seed)``, so a seed gives the same image on every device, as in ComfyUI.
 """
 
@@ -99,7 +99,8 @@ def check_conditioning(model: Flux2Model, conditioning: torch.Tensor, what: str 
         wanted = TEXT_ENCODER_FOR_CONTEXT.get(need, f"a text encoder of width {need // 3}")
         given = TEXT_ENCODER_FOR_CONTEXT.get(got, f"a text encoder of width {got // 3}")
         raise Flux2Error(
-            f"{model.name} needs {wanted}: {need}-wide conditioning, this {what} gives {got} (made by {given}); "
+            f"{model.name} needs {wanted}: {need}-wide conditioning, this {what} gives {got} "
+            f"(made by {given}); "
             f"load {wanted} instead"
         )
 
@@ -115,8 +116,8 @@ def sample(
 ) -> torch.Tensor:
     """Generate latents [B, 128, H/16, W/16] (float32, CPU) from text conditioning [1 or B, T, C].
 
-    ``callback`` gets each finished step with the predicted clean latent (for previews); ``interrupt`` is called
-    before every block and may raise to stop the run.
+    ``callback`` gets each finished step with the predicted clean latent (for previews); ``interrupt`` is
+    called before every block and may raise to stop the run.
     """
     check_size(settings.width, settings.height)
     if settings.batch_size < 1:
@@ -125,7 +126,8 @@ def sample(
     use_cfg = model.variant.uses_cfg and settings.guidance > 1.0
     if use_cfg and negative is None:
         raise Flux2Error(
-            f"the {model.variant.name} model with guidance {settings.guidance:g} needs a negative conditioning: "
+            f"the {model.variant.name} model with guidance {settings.guidance:g} needs a negative "
+            "conditioning: "
             "connect one (an empty prompt is the usual choice) or set guidance to 1"
         )
     if use_cfg:

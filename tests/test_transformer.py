@@ -1,4 +1,4 @@
-"""The DiT against diffusers' Flux2Transformer2DModel on the same tiny random weights, in every file layout."""
+"""The DiT against diffusers' Flux2Transformer2DModel on the same tiny random weights, in every layout."""
 
 import pytest
 import torch

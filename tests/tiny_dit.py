@@ -31,8 +31,8 @@ def make_diffusers_dit(seed: int = 0, **overrides) -> Flux2Transformer2DModel:
     torch.manual_seed(seed)
     model = Flux2Transformer2DModel(**{**TINY, **overrides}).eval()
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            # norms start at 1 and some layers at 0 in diffusers' init: randomise everything, keeping scales sane
+        for p in model.parameters():
+            # diffusers starts norms at 1 and some layers at 0: randomise all, keeping scales sane
             std = 0.3 if p.ndim == 1 else 1.0 / p.shape[1] ** 0.5
             p.copy_(torch.randn_like(p) * std + (1.0 if p.ndim == 1 else 0.0))
     return model
