@@ -1,0 +1,116 @@
+"""The command line end to end, on tiny random files; one run is compared with diffusers' whole pipeline
+(tokenizer, Qwen3, DiT, VAE) given the same prompt and seed."""
+
+import numpy as np
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+from PIL import Image
+from tiny_dit import make_diffusers_dit, write_bfl_file
+from tiny_text import make_tiny_qwen3, reference_hf_tokenizer, write_comfy_file
+from tiny_vae import make_diffusers_vae, random_vae_state_dict
+from tiny_vae import write_bfl_file as write_vae_file
+
+from flux2_core.cli import main
+
+PROMPT = "a red fox in the snow, watercolour"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    qwen = make_tiny_qwen3(seed=5)  # 32 wide -> 96-wide conditioning
+    vae_sd = random_vae_state_dict(seed=6)
+    dit = make_diffusers_dit(seed=7, joint_attention_dim=96)
+    paths = {
+        "model": write_bfl_file(dit, root / "flux-2-klein-4b.safetensors"),
+        "text_encoder": write_comfy_file(qwen, root / "qwen_3_4b.safetensors"),
+        "vae": write_vae_file(vae_sd, root / "flux2-vae.safetensors"),
+        "narrow_model": write_bfl_file(make_diffusers_dit(seed=8), root / "flux-2-klein-9b.safetensors"),
+    }
+    return {"paths": paths, "qwen": qwen, "vae": make_diffusers_vae(vae_sd), "root": root}
+
+
+def _run(files, tmp_path, *extra, model="model"):
+    p = files["paths"]
+    out = tmp_path / "out.png"
+    argv = [
+        "generate",
+        "--model",
+        str(p[model]),
+        "--text-encoder",
+        str(p["text_encoder"]),
+        "--vae",
+        str(p["vae"]),
+        "--prompt",
+        PROMPT,
+        "--output",
+        str(out),
+        *extra,
+    ]
+    return main(argv), out
+
+
+def test_text_to_image_matches_diffusers_pipeline(files, tmp_path):
+    code, out = _run(files, tmp_path, "--width", "96", "--height", "64", "--seed", "3")
+    assert code == 0
+    ours = np.asarray(Image.open(out)).astype(int)
+    assert ours.shape == (64, 96, 3)
+
+    pipe = Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential"),
+        vae=files["vae"],
+        text_encoder=files["qwen"],
+        tokenizer=reference_hf_tokenizer(),
+        transformer=make_diffusers_dit(seed=7, joint_attention_dim=96),
+        is_distilled=True,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        image = pipe(
+            prompt=PROMPT,
+            width=96,
+            height=64,
+            num_inference_steps=4,
+            guidance_scale=1.0,
+            generator=torch.Generator("cpu").manual_seed(3),
+            output_type="np",
+        ).images[0]
+    expected = (image * 255).round().astype(int)
+    diff = np.abs(ours - expected).max()
+    print(f"max pixel difference vs diffusers: {diff}/255")
+    assert diff <= 1  # both round to 8 bit; float noise may flip one level
+
+
+def test_batch_writes_numbered_files(files, tmp_path):
+    code, out = _run(files, tmp_path, "--width", "64", "--height", "64", "--batch-size", "2")
+    assert code == 0
+    first, second = tmp_path / "out_1.png", tmp_path / "out_2.png"
+    assert first.exists() and second.exists() and not out.exists()
+    assert not np.array_equal(np.asarray(Image.open(first)), np.asarray(Image.open(second)))
+
+
+def test_output_size_follows_the_first_reference(files, tmp_path):
+    ref = tmp_path / "ref.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (72, 100, 3), dtype=np.uint8)).save(ref)
+    code, out = _run(files, tmp_path, "--reference", str(ref), "--steps", "2")
+    assert code == 0
+    assert Image.open(out).size == (96, 64)  # 100x72 centre-cropped to multiples of 16
+
+
+def test_wrong_text_encoder_is_reported_before_sampling(files, tmp_path, caplog):
+    code, out = _run(files, tmp_path, "--width", "64", "--height", "64", model="narrow_model")
+    assert code == 2 and not out.exists()
+    assert "needs a text encoder of width 8: 24-wide conditioning" in caplog.text
+
+
+def test_impossible_size_is_refused(files, tmp_path, caplog):
+    code, _ = _run(files, tmp_path, "--width", "100", "--height", "64")
+    assert code == 2 and "width 100 is not allowed: use a multiple of 16" in caplog.text
+
+
+def test_unreadable_reference_is_refused(files, tmp_path, caplog):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    code, _ = _run(files, tmp_path, "--reference", str(bad))
+    assert code == 2 and "could not read the reference image" in caplog.text
