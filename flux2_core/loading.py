@@ -4,7 +4,7 @@ Accepted: BFL single files (bare keys, or prefixed with ``model.diffusion_model.
 ComfyUI writes them), and diffusers ``transformer/`` folders or files (sharded too). diffusers names are
 mapped onto the BFL names by ``DIFFUSERS_TO_BFL`` plus two reshapes: q/k/v are concatenated into one fused
 qkv, and the final layer's (scale; shift) rows are swapped back to BFL's (shift; scale). Missing that swap
-would load silently and produce garbage, so it lives in the same table as the renames. """
+would load silently and produce garbage, so it lives in the same table as the renames."""
 
 from __future__ import annotations
 
