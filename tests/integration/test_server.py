@@ -1,0 +1,404 @@
+"""The node pack inside a real ComfyUI server: schemas, the bundled workflows, interrupt, error reporting.
+
+The expected node contract below is written out from the README's node table on purpose; it is never read
+from the pack's own classes, so a renamed or reordered input fails here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EDITOR_WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
+API_WORKFLOWS = sorted((REPO / "workflows" / "api").glob("*.json"))
+
+MODEL, TE, VAE = "FLUX2_KLEIN_MODEL", "FLUX2_KLEIN_TEXT_ENCODER", "FLUX2_KLEIN_VAE"
+COND, REFS = "FLUX2_KLEIN_CONDITIONING", "FLUX2_KLEIN_REFERENCES"
+
+# node id: (display name, required inputs in order, optional inputs in order, output types) -- README "Nodes"
+CONTRACT = {
+    "Flux2KleinModelLoader": (
+        "FLUX.2 [klein] Model Loader",
+        ["model_name", "variant"],
+        ["weight_dtype"],
+        [MODEL],
+    ),
+    "Flux2KleinTextEncoderLoader": (
+        "FLUX.2 [klein] Text Encoder Loader",
+        ["text_encoder_name"],
+        ["device"],
+        [TE],
+    ),
+    "Flux2KleinVAELoader": ("FLUX.2 [klein] VAE Loader", ["vae_name"], [], [VAE]),
+    "Flux2KleinTextEncode": ("FLUX.2 [klein] Text Encode", ["text_encoder", "text"], [], [COND]),
+    "Flux2KleinReferenceEncode": (
+        "FLUX.2 [klein] Reference Encode",
+        ["vae", "image"],
+        ["references", "max_megapixels"],
+        [REFS],
+    ),
+    "Flux2KleinSampler": (
+        "FLUX.2 [klein] Sampler",
+        ["model", "positive", "seed", "steps", "guidance", "width", "height", "batch_size"],
+        ["negative", "references", "latent"],
+        ["LATENT"],
+    ),
+    "Flux2KleinDecode": ("FLUX.2 [klein] Decode", ["vae", "latent"], [], ["IMAGE"]),
+}
+# the socket (link) inputs and their types; everything else in the contract is a widget
+SOCKET_TYPES = {
+    "text_encoder": TE,
+    "vae": VAE,
+    "image": "IMAGE",
+    "references": REFS,
+    "model": MODEL,
+    "positive": COND,
+    "negative": COND,
+    "latent": "LATENT",
+}
+
+# Per bundled workflow: the reference images to upload (sizes), the sampler inputs patched, and the output
+# size expected. The distilled text-to-image workflow runs at its own 1024x1024 (about 10 s on two CPU
+# cores, mostly the decode). The base one is patched to 192x128 and 6 steps instead of 50 CFG steps at
+# 1024x1024 (about a minute on the CPU); its CFG path still runs.
+WORKFLOW_RUNS = {
+    "flux2_klein_4b_text_to_image": dict(refs=[], sets=[], size=(1024, 1024)),
+    "flux2_klein_4b_base_text_to_image": dict(
+        refs=[], sets=["width=192", "height=128", "steps=6"], size=(192, 128)
+    ),
+    "flux2_klein_4b_edit": dict(refs=[(96, 64)], sets=[], size=(96, 64)),
+    "flux2_klein_4b_multi_reference_edit": dict(refs=[(96, 64), (64, 80), (80, 80)], sets=[], size=(96, 64)),
+    "flux2_klein_9b_kv_edit": dict(refs=[(64, 80), (96, 64)], sets=[], size=(64, 80)),
+}
+
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+# Nodes the graph editor itself provides (no backend class; the frontend registers them).
+FRONTEND_ONLY = {"MarkdownNote", "Note"}
+
+
+def small_text_to_image(comfy, **inputs) -> dict:
+    """The distilled text-to-image API workflow at 64x64, with sampler inputs overridden."""
+    kc = comfy.kc
+    wf = kc.prepare_workflow(
+        comfy.api_workflow("flux2_klein_4b_text_to_image"), prompt="a small test", seed=3
+    )
+    sampler = kc.nodes_of_type(wf, kc.SAMPLER)[0]
+    wf[sampler]["inputs"].update({"width": 64, "height": 64, **inputs})
+    return wf
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 1. /object_info
+
+
+def test_object_info_has_every_node_with_the_contract_inputs(comfy):
+    info = comfy.object_info()
+    missing = sorted(set(CONTRACT) - set(info))
+    assert not missing, f"not registered: {missing}\n{comfy.log()[-4000:]}"
+    for node_id, (display, required, optional, outputs) in CONTRACT.items():
+        node = info[node_id]
+        assert node["display_name"] == display, node_id
+        assert node["python_module"] == "custom_nodes.comfyui-flux2-klein", node_id
+        assert node["category"].startswith("flux2_klein"), node_id
+        assert node["input_order"].get("required", []) == required, node_id
+        assert node["input_order"].get("optional", []) == optional, node_id
+        assert list(node["input"].get("required", {})) == required, node_id
+        assert list(node["input"].get("optional", {})) == optional, node_id
+        assert node["output"] == outputs, node_id
+        for name in required + optional:
+            spec = input_spec(node, name)
+            if name in SOCKET_TYPES:
+                assert spec[0] == SOCKET_TYPES[name], (node_id, name, spec[0])
+            else:
+                assert isinstance(spec[0], list) or spec[0] in WIDGET_TYPES, (node_id, name, spec[0])
+    # the model lists are ComfyUI's folders, which hold the official file names the workflows use
+    assert {
+        "flux-2-klein-4b.safetensors",
+        "flux-2-klein-base-4b.safetensors",
+        "flux-2-klein-9b-kv.safetensors",
+    } <= set(info["Flux2KleinModelLoader"]["input"]["required"]["model_name"][0])
+    assert {"qwen_3_4b.safetensors", "qwen_3_8b.safetensors"} <= set(
+        info["Flux2KleinTextEncoderLoader"]["input"]["required"]["text_encoder_name"][0]
+    )
+    assert "flux2-vae.safetensors" in info["Flux2KleinVAELoader"]["input"]["required"]["vae_name"][0]
+    assert info["Flux2KleinModelLoader"]["input"]["required"]["variant"][0] == [
+        "auto",
+        "distilled",
+        "base",
+        "kv",
+    ]
+    # the pack registers exactly these nodes, all found as "FLUX.2 [klein] ..." in the node search
+    ours = [i for i, n in info.items() if n["python_module"] == "custom_nodes.comfyui-flux2-klein"]
+    assert sorted(ours) == sorted(CONTRACT)
+    assert all(info[i]["display_name"].startswith("FLUX.2 [klein] ") for i in ours)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 2. Every bundled API workflow runs
+
+
+def test_every_api_workflow_is_covered():
+    assert sorted(p.stem for p in API_WORKFLOWS) == sorted(WORKFLOW_RUNS)
+
+
+@pytest.mark.parametrize("name", sorted(WORKFLOW_RUNS))
+def test_bundled_api_workflow_runs(comfy, name):
+    kc, run = comfy.kc, WORKFLOW_RUNS[name]
+    workflow = comfy.api_workflow(name)
+    sampler = kc.nodes_of_type(workflow, kc.SAMPLER)[0]
+    names = [comfy.upload(size) for size in run["refs"]]
+    patched = kc.prepare_workflow(
+        workflow,
+        images=names if names else None,
+        prompt=f"integration test of {name}",
+        seed=1234,
+        sets=[f"{sampler}.{s}" for s in run["sets"]],
+    )
+    events = []
+    entry = comfy.run(patched, timeout=300, on_event=lambda kind, data: events.append(kind))
+    assert entry["status"]["status_str"] == "success"
+    images = comfy.kc.fetch_outputs(entry)
+    assert len(images) == 1 and images[0]["subfolder"] == "flux2_klein", images
+    image = comfy.images(entry)[images[0]["node_id"]]
+    assert image.size == run["size"], (name, image.size)
+    assert np.asarray(image.convert("RGB")).std() > 5, "the output image is flat"
+    assert "progress" in events, "the sampler sent no progress over the websocket"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 3. Interrupt
+
+
+def test_interrupt_stops_a_run_and_the_server_keeps_serving(comfy):
+    kc = comfy.kc
+    assert kc.websocket is not None, "websocket-client is needed for this test"
+    wf = kc.prepare_workflow(
+        comfy.api_workflow("flux2_klein_4b_base_text_to_image"), prompt="never finished", seed=11
+    )
+    sampler = kc.nodes_of_type(wf, kc.SAMPLER)[0]
+    wf[sampler]["inputs"].update(
+        steps=200, guidance=4.0, width=512, height=512
+    )  # 400 passes: far longer than the test
+    client_id = uuid.uuid4().hex
+    ws = kc.connect_ws(comfy.url, client_id)
+    assert ws is not None, "cannot open the websocket"
+    try:
+        prompt_id = kc.queue(comfy.url, wf, client_id)
+        progress = None
+        deadline = time.monotonic() + 120
+        while progress is None and time.monotonic() < deadline:
+            try:
+                message = ws.recv()
+            except kc.websocket.WebSocketTimeoutException:
+                continue
+            if not isinstance(message, str):
+                continue
+            event = json.loads(message)
+            data = event.get("data") or {}
+            if data.get("prompt_id") != prompt_id:
+                continue
+            assert event["type"] not in ("execution_error", "execution_success"), event
+            if event["type"] == "progress" and data.get("node") == sampler:
+                progress = data
+        assert progress is not None, "no progress message from the sampler within 120 s"
+        interrupted_at = time.monotonic()
+        status, _ = comfy.post_json("/interrupt", {"prompt_id": prompt_id})
+        assert status == 200
+        with pytest.raises(kc.Interrupted):
+            kc.wait(comfy.url, prompt_id, ws, timeout=120)
+        stopped_after = time.monotonic() - interrupted_at
+    finally:
+        ws.close()
+
+    assert progress["max"] == 200 and progress["value"] < 200
+    assert stopped_after < 60, f"the run took {stopped_after:.0f} s to stop"
+    entry = comfy.finished_history(prompt_id)
+    status = entry["status"]
+    kinds = [kind for kind, _ in status["messages"]]
+    assert status["status_str"] == "error" and "execution_interrupted" in kinds, status
+    assert "execution_error" not in kinds, status
+    data = dict(status["messages"])["execution_interrupted"]
+    assert data["node_id"] == sampler and data["node_type"] == "Flux2KleinSampler", data
+    assert not entry.get("outputs"), "an interrupted run saved images"
+
+    # the server keeps serving: the next (small) run succeeds
+    entry = comfy.run(small_text_to_image(comfy), timeout=120)
+    (image,) = comfy.images(entry).values()
+    assert image.size == (64, 64)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 4. Bad requests come back as node errors with our messages
+
+
+def test_unknown_model_file_is_rejected_at_prompt(comfy):
+    wf = small_text_to_image(comfy)
+    wf["1"]["inputs"]["model_name"] = "flux-2-klein-does-not-exist.safetensors"
+    status, body = comfy.submit(wf)
+    assert status == 400, body
+    errors = body["node_errors"]["1"]["errors"]
+    assert [e["type"] for e in errors] == ["value_not_in_list"], errors
+    assert errors[0]["extra_info"]["input_name"] == "model_name"
+    assert "flux-2-klein-does-not-exist.safetensors" in errors[0]["details"]
+
+
+def test_wrong_text_encoder_pairing_fails_with_our_message(comfy):
+    kc = comfy.kc
+    wf = small_text_to_image(comfy)
+    wf["2"]["inputs"]["text_encoder_name"] = "qwen_3_8b.safetensors"  # the 4B DiT with the 8B encoder
+    with pytest.raises(kc.ExecutionFailed) as failure:
+        comfy.run(wf, timeout=120)
+    data = failure.value.data
+    assert data["node_type"] == "Flux2KleinSampler", data
+    assert data["exception_type"].endswith("Flux2Error"), data
+    message = data["exception_message"]
+    assert "needs" in message, message
+    # the tiny 4B DiT reads 96-wide text (3 x 32); the tiny "8B" encoder gives 144 (3 x 48)
+    assert "96" in message and "144" in message, message
+
+
+def test_a_file_that_is_not_a_dit_fails_with_our_message(comfy):
+    kc = comfy.kc
+    wf = small_text_to_image(comfy)
+    wf["1"]["inputs"]["model_name"] = "not-a-dit.safetensors"  # the VAE, copied into diffusion_models
+    with pytest.raises(kc.ExecutionFailed) as failure:
+        comfy.run(wf, timeout=120)
+    data = failure.value.data
+    assert data["node_type"] == "Flux2KleinModelLoader", data
+    assert data["exception_type"].endswith("Flux2Error"), data
+    message = data["exception_message"]
+    assert "not-a-dit.safetensors" in message and "is a VAE" in message, message
+    assert "not a FLUX.2 [klein] diffusion model" in message, message
+
+
+def test_width_not_a_multiple_of_16_is_rejected_at_prompt(comfy):
+    wf = small_text_to_image(comfy, width=1000)
+    sampler = comfy.kc.nodes_of_type(wf, comfy.kc.SAMPLER)[0]
+    status, body = comfy.submit(wf)
+    assert status == 400, body
+    assert list(body["node_errors"]) == [sampler], body
+    text = json.dumps(body["node_errors"][sampler]["errors"])
+    assert "width 1000 is not allowed" in text and "multiple of 16" in text, text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# 5. Editor-format workflows against the schemas the server reports
+
+
+def widget_slots(info: dict) -> list[tuple[str, str, list]]:
+    """The editor's widgets_values slots of a node type: (kind, input name, spec) in order; kind is
+    "widget", "control" (control_after_generate) or "upload" (an image upload button)."""
+    slots = []
+    for section in ("required", "optional"):
+        specs = info["input"].get(section) or {}
+        for name in info.get("input_order", {}).get(section, list(specs)):
+            spec = specs[name]
+            options = spec[1] if len(spec) > 1 else {}
+            if not (isinstance(spec[0], list) or spec[0] in WIDGET_TYPES) or options.get("forceInput"):
+                continue
+            slots.append(("widget", name, spec))
+            if options.get("control_after_generate"):
+                slots.append(("control", name, spec))
+            if options.get("image_upload"):
+                slots.append(("upload", "upload", ["IMAGEUPLOAD", {}]))  # the upload button of LoadImage
+    return slots
+
+
+@functools.cache
+def _frontend_node_types(web_root: str) -> frozenset[str]:
+    pattern = re.compile(r"registerNodeType\(\s*[`'\"]([^`'\"]+)[`'\"]")
+    found = set()
+    for script in Path(web_root).glob("assets/*.js"):
+        found.update(pattern.findall(script.read_text(encoding="utf-8", errors="ignore")))
+    return frozenset(found)
+
+
+def frontend_registers(comfy, node_type: str) -> bool:
+    """Whether the graph editor this server serves registers ``node_type`` itself (e.g. MarkdownNote, which
+    has no backend class): its web root is in the server log, and the bundle calls registerNodeType."""
+    found = re.search(r"web root: (\S+)", comfy.log())
+    assert found, "the server log does not say where its frontend is"
+    return node_type in _frontend_node_types(found.group(1))
+
+
+def widget_type(spec: list) -> str:
+    return "COMBO" if isinstance(spec[0], list) else spec[0]
+
+
+def input_spec(info: dict, name: str):
+    for section in ("required", "optional"):
+        if name in (info["input"].get(section) or {}):
+            return info["input"][section][name]
+    return None
+
+
+def check_widget_value(where: str, kind: str, spec: list, value) -> None:
+    options = spec[1] if len(spec) > 1 else {}
+    if kind == "control":
+        assert value in CONTROL_VALUES, (where, value)
+    elif kind == "upload":
+        assert value == "image", (where, value)
+    elif isinstance(spec[0], list) or spec[0] == "COMBO":
+        choices = spec[0] if isinstance(spec[0], list) else options.get("options", [])
+        if not options.get("image_upload"):  # the input folder's listing: the user's own file
+            assert value in choices, (where, value, choices)
+    elif spec[0] == "INT":
+        assert isinstance(value, int) and not isinstance(value, bool), (where, value)
+        assert options.get("min", value) <= value <= options.get("max", value), (where, value)
+    elif spec[0] == "FLOAT":
+        assert isinstance(value, (int, float)), (where, value)
+        assert options.get("min", value) <= value <= options.get("max", value), (where, value)
+    elif spec[0] == "STRING":
+        assert isinstance(value, str), (where, value)
+    elif spec[0] == "BOOLEAN":
+        assert isinstance(value, bool), (where, value)
+
+
+@pytest.mark.parametrize("path", EDITOR_WORKFLOWS, ids=lambda p: p.stem)
+def test_editor_workflow_matches_the_server_schemas(comfy, path):
+    info = comfy.object_info()
+    wf = json.loads(path.read_text(encoding="utf-8"))
+    nodes = {n["id"]: n for n in wf["nodes"]}
+    for node in wf["nodes"]:
+        where = f"{path.name} node {node['id']} ({node['type']})"
+        if node["type"] in FRONTEND_ONLY and node["type"] not in info:
+            assert frontend_registers(comfy, node["type"]), f"{where}: unknown to the server's frontend"
+            assert [type(v) for v in node.get("widgets_values", [])] == [str], where
+            continue
+        assert node["type"] in info, f"{where}: not a node type of this server"
+        schema = info[node["type"]]
+        slots = widget_slots(schema)
+        values = node.get("widgets_values", [])
+        # the editor lists every widget (the upload button too) as an input with a "widget" entry
+        widget_inputs = [i for i in node["inputs"] if i.get("widget")]
+        expected = [(name, widget_type(spec)) for kind, name, spec in slots if kind != "control"]
+        assert [(i["name"], i["type"]) for i in widget_inputs] == expected, where
+        assert all(i["widget"]["name"] == i["name"] for i in widget_inputs), where
+        assert len(values) == len(slots), f"{where}: {len(values)} widget values for {slots}"
+        for (kind, name, spec), value in zip(slots, values):
+            check_widget_value(f"{where} {name}", kind, spec, value)
+        # socket inputs: names and types as on the server, every required one connected
+        widget_names = {name for _, name, _ in slots}
+        sockets = {i["name"]: i for i in node["inputs"] if not i.get("widget")}
+        for name, entry in sockets.items():
+            spec = input_spec(schema, name)
+            assert spec is not None and name not in widget_names, f"{where}: unknown input {name}"
+            assert entry["type"] == spec[0], (where, name)
+        for name in schema["input"].get("required") or {}:
+            if name not in widget_names:
+                assert sockets.get(name, {}).get("link") is not None, f"{where}: {name} is not connected"
+        assert [o["type"] for o in node.get("outputs", [])] == schema["output"], where
+    for link_id, origin, origin_slot, target, target_slot, type_ in wf["links"]:
+        source, sink = nodes[origin], nodes[target]
+        assert info[source["type"]]["output"][origin_slot] == type_, (path.name, link_id)
+        name = sink["inputs"][target_slot]["name"]
+        assert input_spec(info[sink["type"]], name)[0] == type_, (path.name, link_id, name)
