@@ -47,7 +47,10 @@ def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
         raise Flux2Error(f"{path} does not exist: check the path of the {component.replace('_', ' ')} file")
     if path.is_file():
         _check_suffix(path)
-        model_index = _read_json(path.parent / "model_index.json")
+        # A weights file inside a diffusers repository (repo/transformer/x.safetensors) or beside its index.
+        model_index = _read_json(path.parent / "model_index.json") or _read_json(
+            path.parent.parent / "model_index.json"
+        )
         return Checkpoint(
             path, *_read_files([path]), config=None, model_index=model_index, folder=path.parent
         )

@@ -16,16 +16,22 @@ from .errors import Flux2Error
 class RefKVLayer:
     """Keys and values of the reference tokens in one block, [B, heads, R, head_dim]."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_shared: bool = False) -> None:
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
+        self.batch_shared = batch_shared  # every batch item has the same references: keep one copy
 
     @property
     def filled(self) -> bool:
         return self.k is not None
 
     def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k, self.v = k, v
+        # Copies, not views: a view would keep the whole K tensor (or a single block's fused linear1 output)
+        # of the extract step alive for the rest of the run.
+        if self.batch_shared:
+            k, v = k[:1], v[:1]
+        self.k = k.clone(memory_format=torch.contiguous_format)
+        self.v = v.clone(memory_format=torch.contiguous_format)
 
     def get(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k is None or self.v is None:
@@ -44,11 +50,15 @@ class RefKVLayer:
 
 
 class RefKVCache:
-    """One ``RefKVLayer`` per double and per single block, plus the number of reference tokens."""
+    """One ``RefKVLayer`` per double and per single block, plus the number of reference tokens.
 
-    def __init__(self, num_double: int, num_single: int) -> None:
-        self.double = [RefKVLayer() for _ in range(num_double)]
-        self.single = [RefKVLayer() for _ in range(num_single)]
+    ``batch_shared``: the references are the same for every batch item (the usual case), so one copy of their
+    K/V is kept and expanded to any batch size when read.
+    """
+
+    def __init__(self, num_double: int, num_single: int, batch_shared: bool = False) -> None:
+        self.double = [RefKVLayer(batch_shared) for _ in range(num_double)]
+        self.single = [RefKVLayer(batch_shared) for _ in range(num_single)]
         self.num_ref_tokens = 0
 
     @property

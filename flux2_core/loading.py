@@ -109,6 +109,8 @@ DIFFUSERS_TO_BFL: list[tuple[str, str, str]] = [
     (r"proj_out\.weight", "final_layer.linear.weight", "copy"),
 ]
 _QKV_ORDER = {"q": 0, "k": 1, "v": 2}
+# safetensors metadata fields that may carry the model's name (checked after the file name).
+METADATA_NAME_KEYS = ("modelspec.title", "name", "model_name")
 
 
 @dataclass
@@ -177,6 +179,15 @@ def to_bfl_state_dict(tensors: dict[str, torch.Tensor], name: str) -> dict[str, 
 
 def transformer_config(state_dict: dict[str, torch.Tensor], name: str) -> Flux2Config:
     """Every size of the DiT, read from tensor shapes (head_dim is the QK-norm width)."""
+    needed = (
+        "img_in.weight",
+        "txt_in.weight",
+        "double_blocks.0.img_attn.norm.query_norm.scale",
+        "double_blocks.0.img_mlp.2.weight",
+    )
+    missing = [k for k in needed if k not in state_dict]
+    if missing:
+        raise Flux2Error(f"{name} lacks {', '.join(missing)}: it is an incomplete or unknown FLUX.2 file")
     hidden, in_channels = state_dict["img_in.weight"].shape
     head_dim = state_dict["double_blocks.0.img_attn.norm.query_norm.scale"].shape[0]
     mlp_hidden = state_dict["double_blocks.0.img_mlp.2.weight"].shape[1]
@@ -197,15 +208,14 @@ def transformer_config(state_dict: dict[str, torch.Tensor], name: str) -> Flux2C
 
 
 def detect_variant(checkpoint: Checkpoint) -> Variant:
-    """Distilled, base and KV share shapes: read model_index.json, then metadata, then the file name."""
+    """Distilled, base and KV share shapes: read model_index.json, then the file name, then the metadata."""
     index = checkpoint.model_index or {}
-    if index:
-        if "KV" in str(index.get("_class_name", "")):
-            return VARIANTS["kv"]
-        if "is_distilled" in index:
-            return VARIANTS["distilled" if index["is_distilled"] else "base"]
-    hints = [v for k, v in checkpoint.metadata.items() if "title" in k or "name" in k or "description" in k]
-    hints.append(checkpoint.path.name if checkpoint.path.is_file() else str(checkpoint.path))
+    if "KV" in str(index.get("_class_name", "")):
+        return VARIANTS["kv"]
+    if "is_distilled" in index:
+        return VARIANTS["distilled" if index["is_distilled"] else "base"]
+    name = checkpoint.path.name if checkpoint.path.is_file() else str(checkpoint.path)
+    hints = [name] + [v for k, v in checkpoint.metadata.items() if k.lower() in METADATA_NAME_KEYS]
     for hint in hints:
         found = variant_from_name(hint)
         if found is not None:

@@ -105,6 +105,23 @@ def check_conditioning(model: Flux2Model, conditioning: torch.Tensor, what: str 
         )
 
 
+def estimate_memory(model: Flux2Model, settings: SampleSettings, references: ReferenceLatents | None) -> int:
+    """Rough peak bytes of activations (plus the KV cache) for one sampling run, beyond the weights.
+
+    A single block holds its fused input projection (9 x hidden per token) next to the residual stream and
+    the attention output; twelve hidden-wide rows per token covers that with some margin.
+    """
+    config = model.config
+    itemsize = torch.finfo(model.transformer.dtype).bits // 8
+    num_ref = references.num_tokens if references is not None else 0
+    tokens = 512 + (settings.height // SIZE_MULTIPLE) * (settings.width // SIZE_MULTIPLE) + num_ref
+    activations = settings.batch_size * tokens * config.hidden_size * 12 * itemsize
+    kv_cache = 0
+    if model.variant.kv_cache:  # K and V of every reference token in every block, kept for the whole run
+        kv_cache = 2 * num_ref * config.hidden_size * (config.depth + config.depth_single_blocks) * itemsize
+    return activations + kv_cache
+
+
 def sample(
     model: Flux2Model,
     positive: torch.Tensor,
@@ -140,7 +157,10 @@ def sample(
     conds = [positive] + ([negative] if use_cfg else [])
     denoiser = _Denoiser(model, conds, settings, references, grid)
     sigmas = get_sigmas(settings.steps, grid[0] * grid[1]).tolist()
-    x = pack(make_noise(settings.batch_size, settings.height, settings.width, settings.seed))
+    # Latents stay float32 on the model's device for the whole run; the noise is drawn on the CPU.
+    x = pack(make_noise(settings.batch_size, settings.height, settings.width, settings.seed)).to(
+        model.transformer.device
+    )
     model.transformer.on_block = interrupt
     try:
         for i in range(settings.steps):
@@ -150,7 +170,7 @@ def sample(
             x = x + (sigmas[i + 1] - sigmas[i]) * v
     finally:
         model.transformer.on_block = None
-    return unpack(x, *grid)
+    return unpack(x, *grid).cpu()
 
 
 class _Denoiser:
@@ -164,18 +184,20 @@ class _Denoiser:
         self.net = model.transformer
         self.guidance = settings.guidance
         device, dtype = self.net.device, self.net.dtype
-        self.x_ids = image_ids(*grid).to(device)
-        batch = settings.batch_size
-        self.conds = [(_batch(c, batch).to(device, dtype), text_ids(c.shape[1]).to(device)) for c in conds]
+        self.x_ids = image_ids(*grid)  # ids stay on the CPU: the model turns them into a cached RoPE table
+        self.conds = [(_batch(c, settings.batch_size).to(device, dtype), text_ids(c.shape[1])) for c in conds]
         self.refs = None
         if references is not None and len(references):
-            self.refs = (references.tokens.to(device, dtype).expand(batch, -1, -1), references.ids.to(device))
+            self.refs = (
+                references.tokens.to(device, dtype),
+                references.ids,
+            )  # [1, R, C]: shared by the batch
         self.use_kv = model.variant.kv_cache and self.refs is not None
         self.cache: RefKVCache | None = None
 
     def __call__(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
-        x_in = x.to(self.net.device, self.net.dtype)
-        t = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=self.net.device)
+        x_in = x.to(self.net.dtype)
+        t = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
         velocities = []
         with torch.inference_mode():
             for ctx, ctx_ids in self.conds:
@@ -187,7 +209,7 @@ class _Denoiser:
                     v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, *self.refs)
                 else:
                     v = self.net(x_in, self.x_ids, t, ctx, ctx_ids)
-                velocities.append(v.float().to(x.device))
+                velocities.append(v.float())
         if len(velocities) == 2:
             v_cond, v_uncond = velocities
             return v_uncond + self.guidance * (v_cond - v_uncond)

@@ -110,7 +110,9 @@ class TextEncoder:
         """Prompts -> [B, 512, 3*E]: per token [h9 | h18 | h27], pads included."""
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
-            raise ValueError("encode needs at least one prompt")
+            raise Flux2Error(
+                "no prompt to encode: give at least one prompt (an empty string is a valid prompt)"
+            )
         input_ids, attention_mask = tokenize_prompts(self.tokenizer, prompts)  # [B, 512] each
         out = self.model(
             input_ids=input_ids.to(self.device),

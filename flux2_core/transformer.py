@@ -57,6 +57,7 @@ class Flux2Transformer(nn.Module):
         )
         self.final_layer = LastLayer(hidden, config.in_channels)
         self.on_block: Callable[[], None] | None = None  # called before each block (interruption)
+        self._rope_cache: dict[tuple, torch.Tensor] = {}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -69,7 +70,7 @@ class Flux2Transformer(nn.Module):
     def forward(self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None):
         num_img = x.shape[1]
         if ref is not None and ref.shape[1] > 0:
-            x = torch.cat([x, ref.to(x.dtype)], dim=1)
+            x = torch.cat([x, ref.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1)
             x_ids = torch.cat([x_ids, ref_ids])
         vec = self._vec(t, guidance, x.dtype)
         mods = (
@@ -81,9 +82,14 @@ class Flux2Transformer(nn.Module):
         return self.final_layer(out[:, :num_img], vec)
 
     def forward_kv_extract(self, x, x_ids, t, ctx, ctx_ids, ref, ref_ids, guidance=None):
-        """First KV step: references modulated at t = 0, attending only to themselves; fills a new cache."""
+        """First KV step: references modulated at t = 0, attending only to themselves; fills a new cache.
+
+        ``ref`` is [1, R, C] when every batch item shares the references (the cache then keeps one copy) or
+        [B, R, C].
+        """
         num_ref = ref.shape[1]
-        cache = RefKVCache(len(self.double_blocks), len(self.single_blocks))
+        shared = ref.shape[0] == 1
+        cache = RefKVCache(len(self.double_blocks), len(self.single_blocks), batch_shared=shared)
         cache.num_ref_tokens = num_ref
         vec = self._vec(t, guidance, x.dtype)
         ref_vec = self._vec(torch.full_like(t, REF_KV_TIMESTEP), guidance, x.dtype)
@@ -103,7 +109,7 @@ class Flux2Transformer(nn.Module):
             )
             for m, r in zip(single, single_ref)
         )
-        stream = torch.cat([ref.to(x.dtype), x], dim=1)
+        stream = torch.cat([ref.to(x.dtype).expand(x.shape[0], -1, -1), x], dim=1)
         ids = torch.cat([ctx_ids, ref_ids, x_ids])
         out = self._run_blocks(stream, ctx, ids, (img_mod, txt_mod, single_mod), num_ref=num_ref, cache=cache)
         return self.final_layer(out[:, num_ref:], vec), cache
@@ -132,7 +138,7 @@ class Flux2Transformer(nn.Module):
     def _run_blocks(self, img, ctx, ids, mods, num_ref=0, cache: RefKVCache | None = None):
         """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part."""
         img_mod, txt_mod, single_mod = mods
-        pe = rope_table(ids, self.config.axes_dim, self.config.theta).to(img.device)
+        pe = self._rope(ids, img.device)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))
         for i, block in enumerate(self.double_blocks):
@@ -140,14 +146,24 @@ class Flux2Transformer(nn.Module):
                 self.on_block()
             kv = cache.double[i] if cache is not None else None
             img, txt = block(img, txt, img_mod, txt_mod, pe, num_ref=num_ref, kv=kv)
+            img, txt = _fp16_safe(img), _fp16_safe(txt)
         num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
         for i, block in enumerate(self.single_blocks):
             if self.on_block is not None:
                 self.on_block()
             kv = cache.single[i] if cache is not None else None
-            h = block(h, single_mod, pe, num_txt=num_txt, num_ref=num_ref, kv=kv)
+            h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, num_ref=num_ref, kv=kv))
         return h[:, num_txt:]
+
+    def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """RoPE table for ``ids`` on ``device``, kept for the last few id layouts (they repeat every step)."""
+        key = (ids.cpu().numpy().tobytes(), tuple(ids.shape), str(device))
+        if key not in self._rope_cache:
+            if len(self._rope_cache) >= 4:
+                self._rope_cache.clear()
+            self._rope_cache[key] = rope_table(ids, self.config.axes_dim, self.config.theta).to(device)
+        return self._rope_cache[key]
 
 
 def _per_token(ref_mod, img_mod, num_ref: int, num_img: int):
@@ -158,3 +174,8 @@ def _per_token(ref_mod, img_mod, num_ref: int, num_img: int):
         )
         for rs, ms in zip(ref_mod, img_mod)
     )
+
+
+def _fp16_safe(x: torch.Tensor) -> torch.Tensor:
+    """float16 overflows in the residual stream of large blocks: clip to its range (as diffusers does)."""
+    return x.clip(-65504, 65504) if x.dtype == torch.float16 else x

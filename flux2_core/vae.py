@@ -162,8 +162,11 @@ def load_vae(
     ckpt = open_checkpoint(path, "vae")
     reject_quantized(ckpt.tensors, ckpt.metadata, ckpt.name)
     model = vae_from_state_dict(ckpt.tensors, ckpt.name)
-    model.to(device=device, dtype=dtype)
-    model.bn.float()  # the stats stay fp32 so a bf16 model still normalizes exactly
+    model.to(device=device)
+    for part in model.children():  # the BN stats stay as stored (fp32) so a bf16 model normalizes exactly
+        if part is not model.bn:
+            part.to(dtype=dtype)
+    model.bn.float()
     log.info("loaded %s from %s (%s)", describe_vae(model.config), ckpt.path, dtype)
     return model.eval()
 

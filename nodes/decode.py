@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..flux2_core.sampling import SIZE_MULTIPLE
 from . import convert, host, types
 from .types import socket
 
@@ -27,8 +28,12 @@ class Flux2KleinDecode:
 
     def decode(self, vae: types.KleinVAE, latent: dict):
         samples = convert.latent_samples(latent)
-        host.load(vae.patcher)
+        height, width = samples.shape[-2] * SIZE_MULTIPLE, samples.shape[-1] * SIZE_MULTIPLE
+        # Full-resolution activations of the decoder's first level dominate: about 6 maps of its width.
+        itemsize = torch.finfo(vae.vae.dtype).bits // 8
+        host.load(vae.patcher, height * width * vae.vae.config.decoder_ch * 6 * itemsize)
         # One image at a time: decoding at full resolution is the VAE's memory peak.
         device = host.intermediate_device()
-        pixels = torch.cat([vae.vae.decode(item).to(device) for item in samples.split(1)])  # [B, 3, H, W]
+        with host.out_of_memory(f"decoding {width}x{height}", "decode a smaller image or fewer at once"):
+            pixels = torch.cat([vae.vae.decode(item).to(device) for item in samples.split(1)])  # [B, 3, H, W]
         return (convert.pixels_to_image(pixels),)

@@ -11,6 +11,8 @@ torch layers on the offload device otherwise.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..flux2_core.errors import Flux2Error
@@ -84,11 +86,25 @@ def manage(module: torch.nn.Module, load_device: torch.device, offload_device: t
     return comfy.model_patcher.ModelPatcher(holder, load_device, offload_device, size=size)
 
 
-def load(patcher) -> None:
-    """Move the whole module to its load device, letting ComfyUI evict other models first if needed."""
+def load(patcher, memory_required: int = 0) -> None:
+    """Move the whole module to its load device, letting ComfyUI evict other models first so that
+    ``memory_required`` bytes stay free for the activations."""
     import comfy.model_management as mm
 
-    mm.load_models_gpu([patcher], force_full_load=True)
+    with out_of_memory("loading the model", "free memory (unload other models) or use a smaller model"):
+        mm.load_models_gpu([patcher], memory_required=memory_required, force_full_load=True)
+
+
+@contextlib.contextmanager
+def out_of_memory(what: str, advice: str):
+    """Turn a device out-of-memory error into a node error that says what to change."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        import comfy.model_management as mm
+
+        mm.soft_empty_cache()
+        raise Flux2Error(f"out of memory while {what}: {advice}") from None
 
 
 def unload(patcher) -> None:
@@ -125,7 +141,9 @@ def step_reporter(steps: int):
 
     def report(step: int, total: int, x0: torch.Tensor) -> None:
         check_interrupt()
-        preview = previewer.decode_latent_to_preview_image("JPEG", x0) if previewer is not None else None
+        preview = None
+        if previewer is not None:  # a TAESD previewer lives on the compute device
+            preview = previewer.decode_latent_to_preview_image("JPEG", x0.to(mm.get_torch_device()))
         bar.update_absolute(step, total, preview)
 
     return report

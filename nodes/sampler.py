@@ -6,7 +6,7 @@ guidance > 1, and the cached reference K/V of the 9B-KV model when references ar
 
 from __future__ import annotations
 
-from ..flux2_core.sampling import MIN_SIZE, SIZE_MULTIPLE, SampleSettings, sample
+from ..flux2_core.sampling import MIN_SIZE, SIZE_MULTIPLE, SampleSettings, estimate_memory, sample
 from . import convert, host, types
 from .types import socket
 
@@ -98,14 +98,16 @@ class Flux2KleinSampler:
     ):
         width, height, batch_size = convert.output_size(width, height, batch_size, references, latent)
         settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
-        host.load(model.patcher)
-        samples = sample(
-            model.model,
-            positive.embeds,
-            settings,
-            negative=negative.embeds if negative is not None else None,
-            references=references,
-            callback=host.step_reporter(steps),
-            interrupt=host.check_interrupt,
-        )
+        host.load(model.patcher, estimate_memory(model.model, settings, references))
+        advice = "lower width/height, the batch size, the number of references or their max_megapixels"
+        with host.out_of_memory(f"sampling {width}x{height}", advice):
+            samples = sample(
+                model.model,
+                positive.embeds,
+                settings,
+                negative=negative.embeds if negative is not None else None,
+                references=references,
+                callback=host.step_reporter(steps),
+                interrupt=host.check_interrupt,
+            )
         return ({"samples": samples.to(host.intermediate_device())},)

@@ -268,3 +268,69 @@ def test_fp8_file_is_refused(reference, tmp_path):
     save_file(sd, tmp_path / "flux-2-klein-4b-fp8.safetensors")
     with pytest.raises(Flux2Error, match="quantized"):
         load_transformer(tmp_path / "flux-2-klein-4b-fp8.safetensors")
+
+
+def test_kv_cache_holds_copies_and_one_batch_item_for_shared_references(loaded, inputs):
+    net = loaded["bfl"].transformer
+    x_ids, ref_ids = image_ids(H, W), reference_ids([(2, 3), (4, 2)])
+    with torch.no_grad():
+        _, cache = net.forward_kv_extract(
+            inputs["x"], x_ids, inputs["t"], inputs["ctx"], text_ids(T), inputs["ref"][:1], ref_ids
+        )
+        _, per_item = net.forward_kv_extract(
+            inputs["x"],
+            x_ids,
+            inputs["t"],
+            inputs["ctx"],
+            text_ids(T),
+            inputs["ref"][:1].expand(B, -1, -1),
+            ref_ids,
+        )
+    for layer, full in zip(cache.double + cache.single, per_item.double + per_item.single):
+        assert layer.k.shape[0] == 1 and full.k.shape[0] == B
+        # a view would pin the whole K / fused linear1 output of the extract step
+        assert layer.k.untyped_storage().nbytes() == layer.k.numel() * layer.k.element_size()
+        assert layer.v.untyped_storage().nbytes() == layer.v.numel() * layer.v.element_size()
+        torch.testing.assert_close(layer.get(B)[0], full.k, atol=1e-6, rtol=0)
+    # 2 layers x (K + V) x 2 heads x 14 tokens x 16 dims x 4 bytes, per double and single block
+    assert cache.nbytes() == 4 * 2 * 2 * 14 * 16 * 4
+
+
+def test_float16_residuals_are_clipped_instead_of_overflowing(reference, tmp_path, inputs):
+    path = write_bfl_file(reference, tmp_path / "flux-2-klein-4b.safetensors")
+    net = load_transformer(path, dtype=torch.float16).transformer
+    with torch.no_grad():
+        for p in net.double_blocks[0].img_mlp[2].parameters():
+            p.mul_(3e4)  # pushes the image stream past float16's range after the first block
+        out = net(inputs["x"].half(), image_ids(H, W), inputs["t"], inputs["ctx"].half(), text_ids(T))
+    assert torch.isfinite(out).all()
+
+
+def test_name_beats_free_text_metadata(reference, tmp_path):
+    path = write_bfl_file(
+        reference,
+        tmp_path / "flux-2-klein-9b-kv.safetensors",
+        metadata={"modelspec.title": "FLUX.2 klein 9B", "description": "not the base model"},
+    )
+    assert load_transformer(path).variant.name == "kv"
+    plain = write_bfl_file(
+        reference, tmp_path / "model.safetensors", metadata={"modelspec.title": "klein base"}
+    )
+    assert load_transformer(plain).variant.name == "base"
+
+
+def test_file_inside_a_diffusers_repository_reads_its_model_index(reference, tmp_path):
+    root = write_diffusers_folder(reference, tmp_path / "repo", is_distilled=False)
+    reference.save_pretrained(root / "transformer_single", safe_serialization=True)  # one unsharded file
+    (root / "transformer_single" / "config.json").unlink()
+    assert (
+        load_transformer(root / "transformer_single" / "diffusion_pytorch_model.safetensors").variant.name
+        == "base"
+    )
+
+
+def test_incomplete_file_is_named(tmp_path):
+    path = tmp_path / "odd.safetensors"
+    save_file({"double_stream_modulation_img.lin.weight": torch.zeros(6, 1)}, path)
+    with pytest.raises(Flux2Error, match="lacks img_in.weight"):
+        load_transformer(path)
