@@ -154,3 +154,30 @@ def test_interrupt_hook_stops_the_run():
 def test_prompt_count_must_match_batch():
     with pytest.raises(Flux2Error, match="holds 2 prompts but the batch size is 3"):
         sample(_model(), torch.ones(2, 5, 24), SampleSettings(64, 64, 1, 1.0, 0, batch_size=3))
+
+
+def test_noise_equals_native_comfyui_prepare_noise():
+    # ComfyUI's comfy.sample.prepare_noise: generator = torch.manual_seed(seed), then one
+    # torch.randn(latent.size(), dtype=float32, layout=strided, generator=generator, device="cpu") at once.
+    generator = torch.manual_seed(1234)
+    native = torch.randn(
+        (3, 128, 5, 4), dtype=torch.float32, layout=torch.strided, generator=generator, device="cpu"
+    )
+    torch.testing.assert_close(make_noise(3, 80, 64, seed=1234), native, atol=0, rtol=0)
+
+
+def test_memory_estimate_counts_the_kv_cache_like_the_published_figure():
+    from flux2_core.configs import KLEIN_9B
+    from flux2_core.references import ReferenceLatents
+    from flux2_core.sampling import estimate_memory
+    from flux2_core.transformer import Flux2Transformer
+
+    with torch.device("meta"):
+        net = Flux2Transformer(KLEIN_9B).to(torch.bfloat16)
+    one_ref = ReferenceLatents.from_latents([torch.zeros(1, 128, 64, 64)])  # a 1024^2 reference: 4096 tokens
+    settings = SampleSettings(1024, 1024, 4, 1.0, 0)
+    plain = estimate_memory(Flux2Model(net, VARIANTS["distilled"], "klein 9B", "x"), settings, one_ref)
+    kv = estimate_memory(Flux2Model(net, VARIANTS["kv"], "klein 9B", "x"), settings, one_ref)
+    # 2 (K, V) x 4096 tokens x 4096 wide x 32 blocks x 2 bytes: the "about 2.1 GB" of the 9B-KV model card
+    assert kv - plain == 2 * 4096 * 4096 * 32 * 2
+    assert 1e9 < plain < 4e9  # activations for 512 + 4096 + 4096 tokens

@@ -293,3 +293,8 @@ def test_real_size_parameter_counts(shape, name, tie, full_count):
     detected = qwen3_shape(qwen3_tensors(full.state_dict(), name), None, name)
     assert detected == shape and describe_qwen3(detected) == name
     assert TEXT_ENCODER_FOR_CONTEXT[shape.output_dim] == name  # 7680 / 12288 = the DiT's txt_in width
+
+
+def test_no_prompt_is_a_clear_error(encoder):
+    with pytest.raises(Flux2Error, match="no prompt to encode"):
+        encoder.encode([])

@@ -245,3 +245,11 @@ def test_real_size_diffusers_names_convert_to_the_bfl_module(decoder_widths, exp
 def test_full_size_random_weights_build_the_real_config():
     model = vae_from_state_dict(full_size_vae_state_dict(seed=0))
     assert model.config == FLUX2_VAE
+
+
+def test_bf16_model_keeps_the_exact_batchnorm_statistics(tmp_path):
+    sd = random_vae_state_dict(seed=9)
+    model = load_vae(write_bfl_file(sd, tmp_path / "flux2-vae.safetensors"), dtype=torch.bfloat16)
+    assert model.decoder.conv_in.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(model.bn.running_mean, sd["bn.running_mean"], atol=0, rtol=0)
+    torch.testing.assert_close(model.bn.running_var, sd["bn.running_var"], atol=0, rtol=0)
