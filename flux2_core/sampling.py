@@ -108,14 +108,15 @@ def check_conditioning(model: Flux2Model, conditioning: torch.Tensor, what: str 
 def estimate_memory(model: Flux2Model, settings: SampleSettings, references: ReferenceLatents | None) -> int:
     """Rough peak bytes of activations (plus the KV cache) for one sampling run, beyond the weights.
 
-    A single block holds its fused input projection (9 x hidden per token) next to the residual stream and
-    the attention output; twelve hidden-wide rows per token covers that with some margin.
+    A single block holds its fused input projection (9 x hidden per token) next to the residual stream, the
+    modulated input, the float32 RoPE'd q and k, the attention output and the MLP product: about 24
+    hidden-wide rows per token at the peak.
     """
     config = model.config
     itemsize = torch.finfo(model.transformer.dtype).bits // 8
     num_ref = references.num_tokens if references is not None else 0
     tokens = 512 + (settings.height // SIZE_MULTIPLE) * (settings.width // SIZE_MULTIPLE) + num_ref
-    activations = settings.batch_size * tokens * config.hidden_size * 12 * itemsize
+    activations = settings.batch_size * tokens * config.hidden_size * 24 * itemsize
     kv_cache = 0
     if model.variant.kv_cache:  # K and V of every reference token in every block, kept for the whole run
         kv_cache = 2 * num_ref * config.hidden_size * (config.depth + config.depth_single_blocks) * itemsize
