@@ -145,8 +145,7 @@ def sample(
     if use_cfg and negative is None:
         raise Flux2Error(
             f"the {model.variant.name} model with guidance {settings.guidance:g} needs a negative "
-            "conditioning: "
-            "connect one (an empty prompt is the usual choice) or set guidance to 1"
+            "conditioning: connect one (an empty prompt is the usual choice) or set guidance to 1"
         )
     if use_cfg:
         check_conditioning(model, negative, "negative conditioning")
@@ -188,11 +187,8 @@ class _Denoiser:
         self.x_ids = image_ids(*grid)  # ids stay on the CPU: the model turns them into a cached RoPE table
         self.conds = [(_batch(c, settings.batch_size).to(device, dtype), text_ids(c.shape[1])) for c in conds]
         self.refs = None
-        if references is not None and len(references):
-            self.refs = (
-                references.tokens.to(device, dtype),
-                references.ids,
-            )  # [1, R, C]: shared by the batch
+        if references is not None and len(references):  # tokens [1, R, C]: shared by the whole batch
+            self.refs = (references.tokens.to(device, dtype), references.ids)
         self.use_kv = model.variant.kv_cache and self.refs is not None
         self.cache: RefKVCache | None = None
 
