@@ -12,6 +12,7 @@ Reference k is packed after the noisy tokens with position ids t = 10 * (k + 1) 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,10 +84,17 @@ def prepare_reference(
     return (pixels * 2.0 - 1.0).unsqueeze(0)
 
 
-def encode_references(vae, images: list, max_pixels: int = MAX_REFERENCE_PIXELS) -> ReferenceLatents:
-    """Preprocess and encode each reference separately (they may differ in size) and pack them in order."""
+def encode_references(
+    vae, images: list, max_pixels: int = MAX_REFERENCE_PIXELS, interrupt: Callable[[], None] | None = None
+) -> ReferenceLatents:
+    """Preprocess and encode each reference separately (they may differ in size) and pack them in order.
+
+    ``interrupt`` is called before each image and may raise to stop.
+    """
     latents = []
     for image in images:
+        if interrupt is not None:
+            interrupt()
         pixels = prepare_reference(image, max_pixels)
         latents.append(vae.encode(pixels).float().cpu())
     return ReferenceLatents.from_latents(latents)

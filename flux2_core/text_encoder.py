@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,20 +107,30 @@ class TextEncoder:
         return self
 
     @torch.no_grad()
-    def encode(self, prompts: list[str] | str) -> torch.Tensor:
-        """Prompts -> [B, 512, 3*E]: per token [h9 | h18 | h27], pads included."""
+    def encode(self, prompts: list[str] | str, interrupt: Callable[[], None] | None = None) -> torch.Tensor:
+        """Prompts -> [B, 512, 3*E]: per token [h9 | h18 | h27], pads included.
+
+        ``interrupt`` is called before each decoder layer and may raise to stop.
+        """
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
             raise Flux2Error(
                 "no prompt to encode: give at least one prompt (an empty string is a valid prompt)"
             )
         input_ids, attention_mask = tokenize_prompts(self.tokenizer, prompts)  # [B, 512] each
-        out = self.model(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            output_hidden_states=True,
-            use_cache=False,
-        )
+        hooks = []
+        if interrupt is not None:
+            hooks = [layer.register_forward_pre_hook(lambda *_: interrupt()) for layer in self.model.layers]
+        try:
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                output_hidden_states=True,
+                use_cache=False,
+            )
+        finally:
+            for hook in hooks:
+                hook.remove()
         hidden = out.hidden_states  # 28 x [B, 512, E]; [27] is raw because the final norm is an identity
         return torch.cat([hidden[i] for i in QWEN3_HIDDEN_LAYERS], dim=-1)
 

@@ -52,5 +52,6 @@ class Flux2KleinReferenceEncode:
 
     def encode(self, vae: types.KleinVAE, image, references=None, max_megapixels: float = 1.0):
         host.load(vae.patcher)
-        encoded = encode_references(vae.vae, convert.image_to_list(image), int(max_megapixels * MEGAPIXEL))
+        images = convert.image_to_list(image)
+        encoded = encode_references(vae.vae, images, int(max_megapixels * MEGAPIXEL), host.check_interrupt)
         return (encoded if references is None else references + encoded,)

@@ -36,7 +36,7 @@ class Flux2KleinTextEncode:
     def encode(self, text_encoder: types.KleinTextEncoder, text: str):
         host.load(text_encoder.patcher)
         try:
-            embeds = text_encoder.encoder.encode([text])  # [1, 512, 3E]
+            embeds = text_encoder.encoder.encode([text], interrupt=host.check_interrupt)  # [1, 512, 3E]
         finally:
             host.unload(text_encoder.patcher)  # keep it out of VRAM while the DiT samples
         embeds = embeds.to(host.intermediate_device(), torch.float32)

@@ -69,3 +69,25 @@ def test_references_pack_in_order_with_time_offsets():
     assert refs.ids[6:, 1:3].tolist()[:3] == [[0, 0], [0, 1], [1, 0]]  # each reference on its own grid
     torch.testing.assert_close(refs.latents()[1], b)
     assert refs.pixel_size(1) == (32, 64)
+
+
+def test_interrupt_is_checked_before_each_reference():
+    class Stop(BaseException):
+        pass
+
+    encoded = []
+
+    class RecordingVAE:
+        def encode(self, pixels):
+            encoded.append(pixels.shape)
+            return torch.zeros(1, 128, pixels.shape[-2] // 16, pixels.shape[-1] // 16)
+
+    def interrupt():
+        if len(encoded) == 1:
+            raise Stop
+
+    from flux2_core.references import encode_references
+
+    with pytest.raises(Stop):
+        encode_references(RecordingVAE(), [_image(64, 64), _image(80, 64)], interrupt=interrupt)
+    assert len(encoded) == 1

@@ -298,3 +298,22 @@ def test_real_size_parameter_counts(shape, name, tie, full_count):
 def test_no_prompt_is_a_clear_error(encoder):
     with pytest.raises(Flux2Error, match="no prompt to encode"):
         encoder.encode([])
+
+
+def test_interrupt_is_checked_before_every_layer(encoder):
+    class Stop(BaseException):
+        pass
+
+    calls = []
+
+    def interrupt():
+        calls.append(1)
+        if len(calls) == 5:
+            raise Stop
+
+    with pytest.raises(Stop):
+        encoder.encode(["a fox"], interrupt=interrupt)
+    assert len(calls) == 5
+    counted = []
+    encoder.encode(["a fox"], interrupt=lambda: counted.append(1))  # hooks from the stopped run are gone
+    assert len(counted) == 27
