@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def generate(args: argparse.Namespace) -> list[Path]:
     from .loading import load_transformer
-    from .references import MAX_REFERENCE_PIXELS, encode_references, prepare_reference
+    from .references import MAX_REFERENCE_PIXELS, encode_references
     from .sampling import SampleSettings, check_conditioning, check_size, sample
     from .text_encoder import load_text_encoder
     from .vae import load_vae
@@ -79,7 +79,7 @@ def generate(args: argparse.Namespace) -> list[Path]:
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if device.type == "cpu" else torch.bfloat16)
     images = [_open_image(p) for p in args.reference]
     max_pixels = args.reference_max_pixels or MAX_REFERENCE_PIXELS
-    width, height = _output_size(args, images, max_pixels, prepare_reference)
+    width, height = _output_size(args, images, max_pixels)
     check_size(width, height)
 
     model = load_transformer(args.model, variant=args.variant, dtype=dtype, device="cpu")
@@ -125,11 +125,13 @@ def generate(args: argparse.Namespace) -> list[Path]:
     return _save(pixels, Path(args.output))
 
 
-def _output_size(args, images, max_pixels, prepare_reference) -> tuple[int, int]:
+def _output_size(args, images, max_pixels) -> tuple[int, int]:
+    from .references import processed_size
+
     if args.width and args.height:
         return args.width, args.height
     if images:
-        _, _, h, w = prepare_reference(images[0], max_pixels).shape
+        w, h = processed_size(*images[0].size, max_pixels)
         return args.width or w, args.height or h
     return args.width or DEFAULT_SIZE, args.height or DEFAULT_SIZE
 

@@ -109,6 +109,12 @@ def scaled_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
     return int(width * scale), int(height * scale)
 
 
+def processed_size(width: int, height: int, max_pixels: int = MAX_REFERENCE_PIXELS) -> tuple[int, int]:
+    """(width, height) of an image of this size after preprocessing: the pixel cap, then the crop to 16."""
+    scaled_w, scaled_h = scaled_size(width, height, max_pixels)
+    return scaled_w // MULTIPLE * MULTIPLE, scaled_h // MULTIPLE * MULTIPLE
+
+
 def _validate(width: int, height: int) -> None:
     if width < MIN_SIDE or height < MIN_SIDE:
         raise Flux2Error(

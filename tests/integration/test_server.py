@@ -251,31 +251,29 @@ def test_unknown_model_file_is_rejected_at_prompt(comfy):
     assert "flux-2-klein-does-not-exist.safetensors" in errors[0]["details"]
 
 
-def test_wrong_text_encoder_pairing_fails_with_our_message(comfy):
-    kc = comfy.kc
-    wf = small_text_to_image(comfy)
-    wf["2"]["inputs"]["text_encoder_name"] = "qwen_3_8b.safetensors"  # the 4B DiT with the 8B encoder
-    with pytest.raises(kc.ExecutionFailed) as failure:
+def _flux2_error_message(comfy, wf, node_type: str) -> str:
+    """Run ``wf`` expecting ``node_type`` to fail with our Flux2Error; return the message the user sees."""
+    with pytest.raises(comfy.kc.ExecutionFailed) as failure:
         comfy.run(wf, timeout=120)
     data = failure.value.data
-    assert data["node_type"] == "Flux2KleinSampler", data
+    assert data["node_type"] == node_type, data
     assert data["exception_type"].endswith("Flux2Error"), data
-    message = data["exception_message"]
+    return data["exception_message"]
+
+
+def test_wrong_text_encoder_pairing_fails_with_our_message(comfy):
+    wf = small_text_to_image(comfy)
+    wf["2"]["inputs"]["text_encoder_name"] = "qwen_3_8b.safetensors"  # the 4B DiT with the 8B encoder
+    message = _flux2_error_message(comfy, wf, "Flux2KleinSampler")
     assert "needs" in message, message
     # the tiny 4B DiT reads 96-wide text (3 x 32); the tiny "8B" encoder gives 144 (3 x 48)
     assert "96" in message and "144" in message, message
 
 
 def test_a_file_that_is_not_a_dit_fails_with_our_message(comfy):
-    kc = comfy.kc
     wf = small_text_to_image(comfy)
     wf["1"]["inputs"]["model_name"] = "not-a-dit.safetensors"  # the VAE, copied into diffusion_models
-    with pytest.raises(kc.ExecutionFailed) as failure:
-        comfy.run(wf, timeout=120)
-    data = failure.value.data
-    assert data["node_type"] == "Flux2KleinModelLoader", data
-    assert data["exception_type"].endswith("Flux2Error"), data
-    message = data["exception_message"]
+    message = _flux2_error_message(comfy, wf, "Flux2KleinModelLoader")
     assert "not-a-dit.safetensors" in message and "is a VAE" in message, message
     assert "not a FLUX.2 [klein] diffusion model" in message, message
 
