@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from tiny_dit import make_diffusers_dit, write_bfl_file  # noqa: E402
 
-from flux2_core.loading import load_transformer  # noqa: E402
+from flux2_core.dit_files import load_transformer  # noqa: E402
 from flux2_core.rope import image_ids, reference_ids, text_ids  # noqa: E402
 
 

@@ -8,25 +8,45 @@ Self-contained (it never imports ComfyUI). A text-to-image run::
     latents = sample(model, encoder.encode(["a red fox"]), SampleSettings(1024, 1024, 4, 1.0, seed=0))
     pixels = vae.decode(latents)                                         # [B, 3, H, W] in about -1..1
 
-Editing adds ``references=encode_references(vae, [image, ...])`` to ``sample``.
+Editing adds ``references=encode_references(vae, [image, ...])`` to ``sample``. Where things live:
+``ops`` (the weight seam), ``keymaps`` (foreign names), ``checkpoint`` + ``loading`` (one lazy loading
+pipeline), ``flow`` (the sampling loop), ``sampling`` (the klein denoiser), ``hooks`` (per-block work).
 """
 
-from .configs import KLEIN_4B, KLEIN_9B, VARIANTS, Flux2Config, Variant
+from .configs import FLUX2, KLEIN_4B, KLEIN_9B, VARIANTS, Family, Flux2Config, Variant
+from .dit_files import load_transformer
 from .errors import Flux2Error
+from .flow import make_noise
 from .kv_cache import RefKVCache
-from .loading import Flux2Model, load_transformer
-from .references import MAX_REFERENCE_PIXELS, ReferenceLatents, encode_references, prepare_reference
-from .sampling import SampleSettings, get_sigmas, make_noise, sample
+from .references import (
+    MAX_REFERENCE_PIXELS,
+    ReferenceLatents,
+    encode_references,
+    prepare_reference,
+    processed_size,
+)
+from .sampling import (
+    SampleSettings,
+    check_conditioning,
+    check_size,
+    encode_reference_kv,
+    estimate_memory,
+    get_sigmas,
+    output_size,
+    sample,
+)
 from .text_encoder import TextEncoder, load_text_encoder
-from .transformer import Flux2Transformer
+from .transformer import Flux2Model, Flux2Transformer
 from .vae import AutoEncoder, load_vae
 
 __all__ = [
+    "FLUX2",
     "KLEIN_4B",
     "KLEIN_9B",
     "MAX_REFERENCE_PIXELS",
     "VARIANTS",
     "AutoEncoder",
+    "Family",
     "Flux2Config",
     "Flux2Error",
     "Flux2Model",
@@ -36,12 +56,18 @@ __all__ = [
     "SampleSettings",
     "TextEncoder",
     "Variant",
+    "check_conditioning",
+    "check_size",
+    "encode_reference_kv",
     "encode_references",
+    "estimate_memory",
     "get_sigmas",
     "load_text_encoder",
     "load_transformer",
     "load_vae",
     "make_noise",
+    "output_size",
     "prepare_reference",
+    "processed_size",
     "sample",
 ]

@@ -1,15 +1,18 @@
-"""Reading checkpoint files: safetensors only, memory-mapped, from a single file or a (sharded) folder.
+"""Reading checkpoint files: safetensors only, lazily, from a single file or a (sharded) folder.
 
 A user may point at a single ``.safetensors`` file, at a folder holding one model's shards (with or without an
 ``*.index.json``), or at the root of a diffusers repository (``model_index.json`` plus ``transformer/``,
-``text_encoder/``, ``vae/``...), in which case the wanted component's subfolder is used. Pickle files
-are never opened. ``load_into`` fills a module that was built on the meta device, strictly.
+``text_encoder/``, ``vae/``...), in which case the wanted component's subfolder is used. Pickle files are
+never opened. Opening reads only the headers: names, shapes and dtypes are known at once, and each tensor is
+read from the memory-mapped file when it is asked for, so loading never holds the whole file in memory next
+to the model it fills.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,14 +25,68 @@ log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
 UNSUPPORTED_SUFFIXES = {".gguf": "GGUF"}
+_READ_ERRORS = (SafetensorError, OSError, RuntimeError, ValueError)
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": getattr(torch, "float8_e4m3fn", None),
+    "F8_E5M2": getattr(torch, "float8_e5m2", None),
+}  # fmt: skip
+
+
+class LazyTensors(Mapping):
+    """The tensors of one or more safetensors files by name; a tensor is read when it is looked up."""
+
+    def __init__(self, files: list[Path]):
+        self._handles = []
+        self._where: dict[str, tuple[object, Path]] = {}
+        self.metadata: dict[str, str] = {}
+        for file in files:
+            try:
+                handle = safe_open(str(file), framework="pt", device="cpu")
+            except _READ_ERRORS as e:
+                raise _unreadable(file, e) from None
+            self._handles.append(handle)
+            self.metadata.update(handle.metadata() or {})
+            for key in handle.keys():
+                self._where[key] = (handle, file)
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        handle, file = self._where[key]
+        try:
+            return handle.get_tensor(key)
+        except _READ_ERRORS as e:
+            raise _unreadable(file, e) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._where[key][0].get_slice(key).get_shape())
+
+    def dtype(self, key: str) -> torch.dtype | str:
+        name = self._where[key][0].get_slice(key).get_dtype()
+        return _DTYPES.get(name) or name
+
+
+def tensor_shape(tensors: Mapping, key: str) -> tuple[int, ...]:
+    """The shape of ``tensors[key]`` without reading it when the mapping is lazy."""
+    return tensors.shape(key) if isinstance(tensors, LazyTensors) else tuple(tensors[key].shape)
+
+
+def tensor_dtype(tensors: Mapping, key: str) -> torch.dtype | str:
+    return tensors.dtype(key) if isinstance(tensors, LazyTensors) else tensors[key].dtype
 
 
 @dataclass
 class Checkpoint:
-    """The tensors of one model component, with what the files say about it."""
+    """The tensors of one model component (read lazily), with what the files say about it."""
 
     path: Path  # what was opened: a file, or a folder of shards
-    tensors: dict[str, torch.Tensor]
+    tensors: Mapping[str, torch.Tensor]
     metadata: dict[str, str] = field(default_factory=dict)  # safetensors header metadata, merged over shards
     config: dict | None = None  # config.json beside the weights (diffusers / transformers layout)
     model_index: dict | None = None  # model_index.json of the diffusers repository, if any
@@ -43,17 +100,17 @@ class Checkpoint:
 def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
     """Open the safetensors weights of ``component`` ("transformer", "text_encoder" or "vae") at ``path``."""
     path = Path(path).expanduser()
+    what = component.replace("_", " ")
     if not path.exists():
-        raise Flux2Error(f"{path} does not exist: check the path of the {component.replace('_', ' ')} file")
+        raise Flux2Error(f"{path} does not exist: check the path of the {what} file")
     if path.is_file():
         _check_suffix(path)
         # A weights file inside a diffusers repository (repo/transformer/x.safetensors) or beside its index.
         model_index = _read_json(path.parent / "model_index.json") or _read_json(
             path.parent.parent / "model_index.json"
         )
-        return Checkpoint(
-            path, *_read_files([path]), config=None, model_index=model_index, folder=path.parent
-        )
+        tensors = LazyTensors([path])
+        return Checkpoint(path, tensors, tensors.metadata, None, model_index, folder=path.parent)
 
     model_index = _read_json(path / "model_index.json") or _read_json(path.parent / "model_index.json")
     if (path / component).is_dir():
@@ -61,47 +118,21 @@ def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
     files = _shard_files(path)
     if not files:
         raise Flux2Error(
-            f"{path} holds no .safetensors file: point at the {component.replace('_', ' ')} weights "
-            "(a .safetensors file or a folder of them)"
+            f"{path} holds no .safetensors file: point at the {what} weights (a .safetensors file or a "
+            "folder of them)"
         )
-    tensors, metadata = _read_files(files)
-    return Checkpoint(path, tensors, metadata, _read_json(path / "config.json"), model_index, folder=path)
+    tensors = LazyTensors(files)
+    return Checkpoint(path, tensors, tensors.metadata, _read_json(path / "config.json"), model_index, path)
 
 
-def load_into(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], what: str) -> torch.nn.Module:
-    """Assign ``state_dict`` to a module built on the meta device; every key must match exactly."""
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing {len(missing)} tensors ({_summarize(missing)})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected tensors ({_summarize(unexpected)})")
-        raise Flux2Error(f"{what}: the file does not match the architecture read from it: {'; '.join(parts)}")
-    for key, tensor in state_dict.items():
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise Flux2Error(
-                f"{what}: tensor {key} has shape {list(tensor.shape)}, expected {list(expected[key].shape)}; "
-                "the file is not a consistent FLUX.2 checkpoint"
-            )
-    module.load_state_dict(state_dict, strict=True, assign=True)
-    return module
+_QUANT_SUFFIXES = (".comfy_quant", ".weight_scale", ".scale_weight")
+_FLOAT8_DTYPES = {d for d in (_DTYPES["F8_E4M3"], _DTYPES["F8_E5M2"]) if d is not None}
 
 
-def strip_prefix(tensors: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """Remove the first prefix that every key carrying it shares (e.g. ``model.diffusion_model.``)."""
-    for prefix in prefixes:
-        if any(k.startswith(prefix) for k in tensors):
-            return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-    return tensors
-
-
-def reject_quantized(tensors: dict[str, torch.Tensor], metadata: dict[str, str], what: str) -> None:
+def reject_quantized(tensors: Mapping, metadata: dict[str, str], what: str) -> None:
     """Quantized files need dequantization this version does not do; never load their raw bytes."""
-    quant_keys = [k for k in tensors if k.endswith((".comfy_quant", ".weight_scale", ".scale_weight"))]
-    fp8 = [k for k, v in tensors.items() if v.dtype in _FLOAT8_DTYPES]
+    quant_keys = any(k.endswith(_QUANT_SUFFIXES) for k in tensors)
+    fp8 = any(tensor_dtype(tensors, k) in _FLOAT8_DTYPES for k in tensors)
     if quant_keys or fp8 or "_quantization_metadata" in metadata:
         raise Flux2Error(
             f"{what} is a quantized (fp8/nvfp4) file, which this version cannot load yet: "
@@ -109,7 +140,10 @@ def reject_quantized(tensors: dict[str, torch.Tensor], metadata: dict[str, str],
         )
 
 
-_FLOAT8_DTYPES = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)}
+def _unreadable(file: Path, error: Exception) -> Flux2Error:
+    return Flux2Error(
+        f"{file.name} could not be read ({error}): the file is truncated or corrupt, download it again"
+    )
 
 
 def _check_suffix(path: Path) -> None:
@@ -145,22 +179,6 @@ def _shard_files(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.safetensors"))
 
 
-def _read_files(files: list[Path]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    tensors: dict[str, torch.Tensor] = {}
-    metadata: dict[str, str] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt", device="cpu") as f:
-                metadata.update(f.metadata() or {})
-                for key in f.keys():
-                    tensors[key] = f.get_tensor(key)
-        except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-            raise Flux2Error(
-                f"{file.name} could not be read ({e}): the file is truncated or corrupt, download it again"
-            ) from None
-    return tensors, metadata
-
-
 def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
@@ -168,8 +186,3 @@ def _read_json(path: Path) -> dict | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise Flux2Error(f"{path} is not valid JSON ({e}): repair or remove it") from None
-
-
-def _summarize(keys: list[str], limit: int = 4) -> str:
-    shown = ", ".join(keys[:limit])
-    return shown + (f", ... {len(keys) - limit} more" if len(keys) > limit else "")

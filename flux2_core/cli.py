@@ -16,12 +16,12 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
+from .configs import VARIANTS
 from .errors import Flux2Error
 
 log = logging.getLogger("flux2_core")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_SIZE = 1024
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--guidance", type=float, default=None, help="default: 1.0 distilled / kv, 4.0 base")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--batch-size", type=int, default=1)
-    gen.add_argument("--variant", default="auto", choices=["auto", "distilled", "base", "kv"])
+    gen.add_argument("--variant", default="auto", choices=["auto", *VARIANTS])
     gen.add_argument(
         "--dtype", default=None, choices=list(DTYPES), help="default: bfloat16 on GPU, float32 on CPU"
     )
@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def generate(args: argparse.Namespace) -> list[Path]:
-    from .loading import load_transformer
-    from .references import MAX_REFERENCE_PIXELS, encode_references
-    from .sampling import SampleSettings, check_conditioning, check_size, sample
+    from .dit_files import load_transformer
+    from .references import MAX_REFERENCE_PIXELS, encode_references, processed_size
+    from .sampling import SampleSettings, check_conditioning, check_size, output_size, sample
     from .text_encoder import load_text_encoder
     from .vae import load_vae
 
@@ -79,7 +79,8 @@ def generate(args: argparse.Namespace) -> list[Path]:
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if device.type == "cpu" else torch.bfloat16)
     images = [_open_image(p) for p in args.reference]
     max_pixels = args.reference_max_pixels or MAX_REFERENCE_PIXELS
-    width, height = _output_size(args, images, max_pixels)
+    first = processed_size(*images[0].size, max_pixels) if images else None
+    width, height = output_size(args.width, args.height, first)
     check_size(width, height)
 
     model = load_transformer(args.model, variant=args.variant, dtype=dtype, device="cpu")
@@ -123,17 +124,6 @@ def generate(args: argparse.Namespace) -> list[Path]:
     with torch.inference_mode():
         pixels = vae.decode(latents.to(device)).float().cpu()
     return _save(pixels, Path(args.output))
-
-
-def _output_size(args, images, max_pixels) -> tuple[int, int]:
-    from .references import processed_size
-
-    if args.width and args.height:
-        return args.width, args.height
-    if images:
-        w, h = processed_size(*images[0].size, max_pixels)
-        return args.width or w, args.height or h
-    return args.width or DEFAULT_SIZE, args.height or DEFAULT_SIZE
 
 
 def _open_image(path: str) -> Image.Image:

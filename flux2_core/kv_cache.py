@@ -1,9 +1,10 @@
 """Reference key/value cache of the klein 9B-KV checkpoint.
 
-On the first step the reference tokens are run once, modulated at t = 0 and attending only to themselves; each
-block stores their keys and values (after QK-norm and RoPE). Later steps run only text and noisy tokens and
-splice the stored K/V in between: ``K = [k_txt, k_ref, k_img]``. Because reference tokens never see the text,
-the noise or the timestep, the cache is exact, and one cache could serve any prompt, seed or step.
+Reference tokens are modulated at t = 0 and attend only to themselves, so their keys and values in every
+block (after QK-norm and RoPE) depend on the reference latents alone: not on the prompt, the noise, the
+timestep or the step. ``Flux2Transformer.encode_reference_kv`` computes them once by running the references
+on their own; every sampling step, the first included, then runs only text and noisy tokens and splices the
+stored K/V in between: ``K = [k_txt, k_ref, k_img]``. A cache can therefore serve any number of runs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class RefKVLayer:
 
     def store(self, k: torch.Tensor, v: torch.Tensor) -> None:
         # Copies, not views: a view would keep the whole K tensor (or a single block's fused linear1 output)
-        # of the extract step alive for the rest of the run.
+        # alive as long as the cache.
         if self.batch_shared:
             k, v = k[:1], v[:1]
         self.k = k.clone(memory_format=torch.contiguous_format)
@@ -36,8 +37,8 @@ class RefKVLayer:
     def get(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.k is None or self.v is None:
             raise Flux2Error(
-                "the reference KV cache is empty: run the first (extract) step with the references before "
-                "the cached steps"
+                "the reference KV cache is empty: encode the references' K/V (encode_reference_kv) before "
+                "sampling with it"
             )
         if self.k.shape[0] == batch_size:
             return self.k, self.v
@@ -45,12 +46,12 @@ class RefKVLayer:
             return self.k.expand(batch_size, -1, -1, -1), self.v.expand(batch_size, -1, -1, -1)
         raise Flux2Error(
             f"the reference KV cache was filled for a batch of {self.k.shape[0]}, not {batch_size}: "
-            "extract it again for this batch size"
+            "encode it again for this batch size"
         )
 
 
 class RefKVCache:
-    """One ``RefKVLayer`` per double and per single block, plus the number of reference tokens.
+    """One ``RefKVLayer`` per double and per single block.
 
     ``batch_shared``: the references are the same for every batch item (the usual case), so one copy of their
     K/V is kept and expanded to any batch size when read.
@@ -59,21 +60,22 @@ class RefKVCache:
     def __init__(self, num_double: int, num_single: int, batch_shared: bool = False) -> None:
         self.double = [RefKVLayer(batch_shared) for _ in range(num_double)]
         self.single = [RefKVLayer(batch_shared) for _ in range(num_single)]
-        self.num_ref_tokens = 0
+
+    @property
+    def layers(self) -> list[RefKVLayer]:
+        return self.double + self.single
 
     @property
     def filled(self) -> bool:
-        return all(layer.filled for layer in self.double + self.single)
+        return all(layer.filled for layer in self.layers)
 
-    def clear(self) -> None:
-        for layer in self.double + self.single:
-            layer.k = layer.v = None
-        self.num_ref_tokens = 0
+    @property
+    def num_tokens(self) -> int:
+        """Reference tokens the cache holds (0 while empty)."""
+        first = self.double[0] if self.double else None
+        return first.k.shape[2] if first is not None and first.k is not None else 0
 
     def nbytes(self) -> int:
         return sum(
-            t.numel() * t.element_size()
-            for layer in self.double + self.single
-            for t in (layer.k, layer.v)
-            if t is not None
+            t.numel() * t.element_size() for layer in self.layers for t in (layer.k, layer.v) if t is not None
         )

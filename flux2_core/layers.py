@@ -1,7 +1,10 @@
 """Building blocks of the FLUX.2 DiT. Attribute names are the BFL checkpoint keys.
 
-Tensor layout inside attention: [B, heads, L, head_dim]. The joint sequence is always ordered
-[text, (references,) image]; ``joint_attention`` takes care of the reference-only attention of the KV model.
+Tensor layout inside attention: [B, heads, L, head_dim]. The joint sequence is [text, image] for
+text-to-image, [text, image, references] for the plain klein models (references appended after the noisy
+tokens), and [text, cached references, image] for the KV model, whose reference keys/values come from a
+``RefKVLayer`` (see ``joint_attention``). Every linear layer is an ``ops.Linear``: blocks never know where
+its weight comes from.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from einops import rearrange
 from torch import nn
 
 from .kv_cache import RefKVLayer
+from .ops import Linear
 from .rope import apply_rope
 
 NORM_EPS = 1e-6
@@ -49,8 +53,8 @@ class SwiGLU(nn.Module):
 class MLPEmbedder(nn.Module):
     def __init__(self, in_dim: int, hidden: int):
         super().__init__()
-        self.in_layer = nn.Linear(in_dim, hidden, bias=False)
-        self.out_layer = nn.Linear(hidden, hidden, bias=False)
+        self.in_layer = Linear(in_dim, hidden, bias=False)
+        self.out_layer = Linear(hidden, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_layer(F.silu(self.in_layer(x)))
@@ -81,9 +85,9 @@ class SelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int):
         super().__init__()
         self.num_heads = num_heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.qkv = Linear(dim, 3 * dim, bias=False)
         self.norm = QKNorm(dim // num_heads)
-        self.proj = nn.Linear(dim, dim, bias=False)
+        self.proj = Linear(dim, dim, bias=False)
 
     def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return split_qkv(self.qkv(x), self.num_heads, self.norm)
@@ -101,7 +105,7 @@ class Modulation(nn.Module):
     def __init__(self, dim: int, double: bool):
         super().__init__()
         self.multiplier = 6 if double else 3
-        self.lin = nn.Linear(dim, self.multiplier * dim, bias=False)
+        self.lin = Linear(dim, self.multiplier * dim, bias=False)
 
     def forward(self, vec: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
         out = self.lin(F.silu(vec))[:, None, :].chunk(self.multiplier, dim=-1)  # each [B, 1, H]
@@ -113,34 +117,22 @@ def joint_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     pe: torch.Tensor,
-    num_txt: int,
-    num_ref: int = 0,
+    num_txt: int = 0,
     kv: RefKVLayer | None = None,
 ) -> torch.Tensor:
-    """Attention over [txt, (ref,) img] after RoPE; returns [B, L, heads * head_dim].
+    """Attention over the joint sequence after RoPE; returns [B, L, heads * head_dim].
 
-    - ``kv`` empty (KV extract): the ``num_ref`` reference queries after the text attend only to reference
-      keys, all other queries attend to everything; the reference K/V are stored in ``kv``.
-    - ``kv`` filled (KV cached): the stored reference K/V are spliced in after the text keys.
+    - ``kv`` filled: the stored reference K/V are spliced in after the ``num_txt`` text keys.
+    - ``kv`` empty: the sequence is the references alone (``encode_reference_kv``); their K/V are stored.
     """
     q, k = apply_rope(q, pe), apply_rope(k, pe)
-    if kv is not None and not kv.filled:
-        ref = slice(num_txt, num_txt + num_ref)
-        kv.store(k[:, :, ref], v[:, :, ref])
-        if num_ref == 0:
-            out = F.scaled_dot_product_attention(q, k, v)
-        else:
-            out_ref = F.scaled_dot_product_attention(q[:, :, ref], k[:, :, ref], v[:, :, ref])
-            q_rest = torch.cat([q[:, :, :num_txt], q[:, :, ref.stop :]], dim=2)
-            out_rest = F.scaled_dot_product_attention(q_rest, k, v)
-            out = torch.cat([out_rest[:, :, :num_txt], out_ref, out_rest[:, :, num_txt:]], dim=2)
-    elif kv is not None:
+    if kv is not None and kv.filled:
         k_ref, v_ref = kv.get(q.shape[0])
         k = torch.cat([k[:, :, :num_txt], k_ref, k[:, :, num_txt:]], dim=2)
         v = torch.cat([v[:, :, :num_txt], v_ref, v[:, :, num_txt:]], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v)
+    elif kv is not None:
+        kv.store(k, v)
+    out = F.scaled_dot_product_attention(q, k, v)
     return rearrange(out, "B H L D -> B L (H D)")
 
 
@@ -151,14 +143,14 @@ class DoubleStreamBlock(nn.Module):
         super().__init__()
         self.img_attn = SelfAttention(hidden, num_heads)
         self.img_mlp = nn.Sequential(
-            nn.Linear(hidden, 2 * mlp_hidden, bias=False), SwiGLU(), nn.Linear(mlp_hidden, hidden, bias=False)
+            Linear(hidden, 2 * mlp_hidden, bias=False), SwiGLU(), Linear(mlp_hidden, hidden, bias=False)
         )
         self.txt_attn = SelfAttention(hidden, num_heads)
         self.txt_mlp = nn.Sequential(
-            nn.Linear(hidden, 2 * mlp_hidden, bias=False), SwiGLU(), nn.Linear(mlp_hidden, hidden, bias=False)
+            Linear(hidden, 2 * mlp_hidden, bias=False), SwiGLU(), Linear(mlp_hidden, hidden, bias=False)
         )
 
-    def forward(self, img, txt, mod_img, mod_txt, pe, num_ref=0, kv=None):
+    def forward(self, img, txt, mod_img, mod_txt, pe, kv=None):
         (img_sh1, img_sc1, img_g1), (img_sh2, img_sc2, img_g2) = mod_img
         (txt_sh1, txt_sc1, txt_g1), (txt_sh2, txt_sc2, txt_g2) = mod_txt
         img_q, img_k, img_v = self.img_attn.qkv_heads(modulate(img, img_sh1, img_sc1))
@@ -169,7 +161,6 @@ class DoubleStreamBlock(nn.Module):
             torch.cat([txt_v, img_v], dim=2),
             pe,
             num_txt=txt.shape[1],
-            num_ref=num_ref,
             kv=kv,
         )
         txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
@@ -188,23 +179,23 @@ class SingleStreamBlock(nn.Module):
         self.num_heads = num_heads
         self.hidden = hidden
         self.mlp_hidden = mlp_hidden
-        self.linear1 = nn.Linear(hidden, 3 * hidden + 2 * mlp_hidden, bias=False)  # rows [q|k|v|gate|up]
-        self.linear2 = nn.Linear(hidden + mlp_hidden, hidden, bias=False)
+        self.linear1 = Linear(hidden, 3 * hidden + 2 * mlp_hidden, bias=False)  # rows [q|k|v|gate|up]
+        self.linear2 = Linear(hidden + mlp_hidden, hidden, bias=False)
         self.norm = QKNorm(hidden // num_heads)
 
-    def forward(self, x, mod, pe, num_txt, num_ref=0, kv=None):
+    def forward(self, x, mod, pe, num_txt, kv=None):
         shift, scale, gate = mod
         qkv, mlp = self.linear1(modulate(x, shift, scale)).split([3 * self.hidden, 2 * self.mlp_hidden], -1)
         q, k, v = split_qkv(qkv, self.num_heads, self.norm)
-        attn = joint_attention(q, k, v, pe, num_txt=num_txt, num_ref=num_ref, kv=kv)
+        attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv)
         return x + gate * self.linear2(torch.cat([attn, swiglu(mlp)], dim=-1))
 
 
 class LastLayer(nn.Module):
     def __init__(self, hidden: int, out_channels: int):
         super().__init__()
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden, 2 * hidden, bias=False))
-        self.linear = nn.Linear(hidden, out_channels, bias=False)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(hidden, 2 * hidden, bias=False))
+        self.linear = Linear(hidden, out_channels, bias=False)
 
     def forward(self, x: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_modulation(vec)[:, None, :].chunk(2, dim=-1)  # (shift, scale) in BFL files

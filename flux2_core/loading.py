@@ -1,280 +1,215 @@
-"""Loading a FLUX.2 DiT checkpoint: format detection, one key-mapping table, shape-derived config, variant.
+"""One loading pipeline for the DiT, the text encoder and the VAE.
 
-Accepted: BFL single files (bare keys, or prefixed with ``model.diffusion_model.`` / ``diffusion_model.`` as
-ComfyUI writes them), and diffusers ``transformer/`` folders or files (sharded too). diffusers names are
-mapped onto the BFL names by ``DIFFUSERS_TO_BFL`` plus two reshapes: q/k/v are concatenated into one fused
-qkv, and the final layer's (scale; shift) rows are swapped back to BFL's (shift; scale). Missing that swap
-would load silently and produce garbage, so it lives in the same table as the renames."""
+    open lazily -> strip prefixes -> identify the kind -> map keys -> config from shapes -> build on meta
+    -> fill strictly, one tensor at a time, in the dtype policy
+
+Each component describes itself with a ``ComponentSpec`` (its prefixes, key map, kind check, how to read its
+config from shapes and how to build it); nothing else differs between them. Shapes come from the file
+headers, so the config is known before a single tensor is read. Filling reads each tensor (or the parts of a
+fused one), casts it and assigns it before reading the next: the file is never held in memory next to the
+model. The dtype policy is one rule: floating tensors take the requested dtype except those whose key starts
+with one of the spec's ``keep_float32`` prefixes (the VAE's BatchNorm statistics); others keep theirs.
+"""
 
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
-from .checkpoint import Checkpoint, load_into, open_checkpoint, reject_quantized, strip_prefix
-from .configs import VARIANTS, Flux2Config, Variant, describe, get_variant
+from .checkpoint import Checkpoint, open_checkpoint, reject_quantized, tensor_dtype, tensor_shape
 from .errors import Flux2Error
-from .transformer import Flux2Transformer
+from .keymaps import KeyMap, Placement, plan, strip_prefix
 
 log = logging.getLogger(__name__)
 
-PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.")
+Plan = dict[str, list[tuple[str, Placement]]]  # our key -> (file key, placement) pieces
 
-# diffusers name pattern -> (BFL name, how the tensors combine). "cat" joins the listed sources along dim 0
-# (q, k, v -> fused qkv); "swap" exchanges the two row halves ((scale; shift) -> (shift; scale)).
-DIFFUSERS_TO_BFL: list[tuple[str, str, str]] = [
-    (r"x_embedder\.weight", "img_in.weight", "copy"),
-    (r"context_embedder\.weight", "txt_in.weight", "copy"),
-    (r"time_guidance_embed\.timestep_embedder\.linear_1\.weight", "time_in.in_layer.weight", "copy"),
-    (r"time_guidance_embed\.timestep_embedder\.linear_2\.weight", "time_in.out_layer.weight", "copy"),
-    (r"time_guidance_embed\.guidance_embedder\.linear_1\.weight", "guidance_in.in_layer.weight", "copy"),
-    (r"time_guidance_embed\.guidance_embedder\.linear_2\.weight", "guidance_in.out_layer.weight", "copy"),
-    (
-        r"double_stream_modulation_(img|txt)\.linear\.weight",
-        r"double_stream_modulation_\1.lin.weight",
-        "copy",
-    ),
-    (r"single_stream_modulation\.linear\.weight", "single_stream_modulation.lin.weight", "copy"),
-    (r"transformer_blocks\.(\d+)\.attn\.to_(q|k|v)\.weight", r"double_blocks.\1.img_attn.qkv.weight", "cat"),
-    (r"transformer_blocks\.(\d+)\.attn\.to_qkv\.weight", r"double_blocks.\1.img_attn.qkv.weight", "copy"),
-    (
-        r"transformer_blocks\.(\d+)\.attn\.add_(q|k|v)_proj\.weight",
-        r"double_blocks.\1.txt_attn.qkv.weight",
-        "cat",
-    ),
-    (
-        r"transformer_blocks\.(\d+)\.attn\.to_added_qkv\.weight",
-        r"double_blocks.\1.txt_attn.qkv.weight",
-        "copy",
-    ),
-    (
-        r"transformer_blocks\.(\d+)\.attn\.norm_q\.weight",
-        r"double_blocks.\1.img_attn.norm.query_norm.scale",
-        "copy",
-    ),
-    (
-        r"transformer_blocks\.(\d+)\.attn\.norm_k\.weight",
-        r"double_blocks.\1.img_attn.norm.key_norm.scale",
-        "copy",
-    ),
-    (
-        r"transformer_blocks\.(\d+)\.attn\.norm_added_q\.weight",
-        r"double_blocks.\1.txt_attn.norm.query_norm.scale",
-        "copy",
-    ),
-    (
-        r"transformer_blocks\.(\d+)\.attn\.norm_added_k\.weight",
-        r"double_blocks.\1.txt_attn.norm.key_norm.scale",
-        "copy",
-    ),
-    (r"transformer_blocks\.(\d+)\.attn\.to_out\.0\.weight", r"double_blocks.\1.img_attn.proj.weight", "copy"),
-    (
-        r"transformer_blocks\.(\d+)\.attn\.to_add_out\.weight",
-        r"double_blocks.\1.txt_attn.proj.weight",
-        "copy",
-    ),
-    (r"transformer_blocks\.(\d+)\.ff\.linear_in\.weight", r"double_blocks.\1.img_mlp.0.weight", "copy"),
-    (r"transformer_blocks\.(\d+)\.ff\.linear_out\.weight", r"double_blocks.\1.img_mlp.2.weight", "copy"),
-    (
-        r"transformer_blocks\.(\d+)\.ff_context\.linear_in\.weight",
-        r"double_blocks.\1.txt_mlp.0.weight",
-        "copy",
-    ),
-    (
-        r"transformer_blocks\.(\d+)\.ff_context\.linear_out\.weight",
-        r"double_blocks.\1.txt_mlp.2.weight",
-        "copy",
-    ),
-    (
-        r"single_transformer_blocks\.(\d+)\.attn\.to_qkv_mlp_proj\.weight",
-        r"single_blocks.\1.linear1.weight",
-        "copy",
-    ),
-    (r"single_transformer_blocks\.(\d+)\.attn\.to_out\.weight", r"single_blocks.\1.linear2.weight", "copy"),
-    (
-        r"single_transformer_blocks\.(\d+)\.attn\.norm_q\.weight",
-        r"single_blocks.\1.norm.query_norm.scale",
-        "copy",
-    ),
-    (
-        r"single_transformer_blocks\.(\d+)\.attn\.norm_k\.weight",
-        r"single_blocks.\1.norm.key_norm.scale",
-        "copy",
-    ),
-    (r"norm_out\.linear\.weight", "final_layer.adaLN_modulation.1.weight", "swap"),
-    (r"proj_out\.weight", "final_layer.linear.weight", "copy"),
-]
-_QKV_ORDER = {"q": 0, "k": 1, "v": 2}
-# safetensors metadata fields that may carry the model's name (checked after the file name).
-METADATA_NAME_KEYS = ("modelspec.title", "name", "model_name")
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """What differs between loading one kind of component and another."""
+
+    what: str  # "diffusion model", "text encoder", "VAE": for messages
+    component: str  # its subfolder in a diffusers repository
+    keymap: KeyMap
+    config: Callable[[dict[str, tuple[int, ...]], Checkpoint], Any]  # our key -> shape, file -> config
+    build: Callable[[Any], nn.Module]  # config -> module (called on the meta device)
+    describe: Callable[[Any], str]
+    prefixes: tuple[tuple[str, ...], ...] = ()  # groups, stripped in order (first match of each group)
+    identify: Callable[[dict[str, str], Checkpoint], None] = lambda names, ckpt: None  # raises: wrong file
+    rename: Callable[[dict[str, str]], dict[str, str]] = lambda names: names  # before the key map
+    wanted: Callable[[str], bool] = lambda key: True  # our keys to load; the rest of the file is skipped
+    keep_float32: tuple[str, ...] = ()
+    defaults: Mapping[str, Callable[[], torch.Tensor]] = field(default_factory=dict)  # optional in files
 
 
 @dataclass
-class Flux2Model:
-    """A loaded DiT with what was learned about it: its shape, its variant and where it came from."""
-
-    transformer: Flux2Transformer
-    variant: Variant
-    name: str  # e.g. "klein 9B"
-    source: str  # file or folder name
-
-    @property
-    def config(self) -> Flux2Config:
-        return self.transformer.config
+class Loaded:
+    module: nn.Module
+    config: Any
+    checkpoint: Checkpoint
+    description: str
 
 
-def load_transformer(
-    path: str | Path,
-    variant: str = "auto",
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-) -> Flux2Model:
-    """Load a FLUX.2 DiT from a file or folder; ``variant`` is "auto", "distilled", "base" or "kv"."""
-    checkpoint = open_checkpoint(path, "transformer")
-    reject_quantized(checkpoint.tensors, checkpoint.metadata, checkpoint.name)
-    state_dict = to_bfl_state_dict(checkpoint.tensors, checkpoint.name)
-    config = transformer_config(state_dict, checkpoint.name)
+def load_component(
+    spec: ComponentSpec, path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu"
+) -> Loaded:
+    """Open ``path`` (file, shard folder or diffusers repository) and load the component it holds."""
+    return load_checkpoint(spec, open_checkpoint(path, spec.component), dtype, device)
+
+
+def load_checkpoint(
+    spec: ComponentSpec, checkpoint: Checkpoint, dtype: torch.dtype | None, device: str | torch.device = "cpu"
+) -> Loaded:
+    pieces, shapes = plan_checkpoint(spec, checkpoint)
+    config = spec.config(shapes, checkpoint)
+    description = spec.describe(config)
     with torch.device("meta"):
-        module = Flux2Transformer(config)
-    load_into(module, state_dict, checkpoint.name)
-    module = module.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    chosen = get_variant(variant) if variant != "auto" else detect_variant(checkpoint)
-    log.info("loaded %s (%s, %s) from %s", describe(config), chosen.name, dtype, checkpoint.name)
-    return Flux2Model(module, chosen, describe(config), checkpoint.name)
+        module = spec.build(config)
+    what = f"{checkpoint.name} ({description})"
+    wanted = {key: parts for key, parts in pieces.items() if spec.wanted(key)}
+    fill(module, wanted, checkpoint.tensors, shapes, dtype, device, spec, what)
+    module.eval().requires_grad_(False)
+    log.info("loaded %s from %s (%s)", description, checkpoint.name, dtype)
+    return Loaded(module, config, checkpoint, description)
 
 
-def to_bfl_state_dict(tensors: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
-    """Strip known prefixes and map diffusers names onto BFL names; BFL files pass through."""
-    tensors = strip_prefix(tensors, PREFIXES)
-    _check_is_flux2(tensors, name)
-    if "img_in.weight" in tensors:
-        return {_bfl_norm_name(k): v for k, v in tensors.items()}
-    out: dict[str, torch.Tensor] = {}
-    parts: dict[str, dict[int, torch.Tensor]] = {}
-    for key, tensor in tensors.items():
-        for pattern, target, how in DIFFUSERS_TO_BFL:
-            match = re.fullmatch(pattern, key)
-            if match is None:
-                continue
-            if how == "cat":
-                parts.setdefault(match.expand(target), {})[_QKV_ORDER[match.group(2)]] = tensor
-            elif how == "swap":
-                scale, shift = tensor.chunk(2, dim=0)
-                out[match.expand(target)] = torch.cat([shift, scale], dim=0)
-            else:
-                out[match.expand(target)] = tensor
-            break
-        else:
-            out[key] = tensor  # left for load_into to report as unexpected
-    for target, pieces in parts.items():
-        if sorted(pieces) != [0, 1, 2]:
-            raise Flux2Error(f"{name}: {target} is missing some of its q/k/v parts; the file is incomplete")
-        out[target] = torch.cat([pieces[0], pieces[1], pieces[2]], dim=0)
-    return out
+def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> tuple[Plan, dict[str, tuple[int, ...]]]:
+    """Our keys with their file pieces and shapes, from names and headers alone (nothing is read)."""
+    names = {k: k for k in checkpoint.tensors}
+    for group in spec.prefixes:
+        names = {short: names[key] for short, key in strip_prefix(names, group).items()}
+    spec.identify(names, checkpoint)
+    names = spec.rename(names)
+    pieces = {
+        key: [(names[short], placement) for short, placement in parts]
+        for key, parts in plan(names, spec.keymap, spec.keymap.up_levels(names)).items()
+    }
+    # Header metadata describes the whole file: judge it only when the file holds this component alone.
+    metadata = checkpoint.metadata if len(names) == len(checkpoint.tensors) else {}
+    reject_quantized(_Sub(checkpoint.tensors, set(names.values())), metadata, checkpoint.name)
+    shapes = {
+        key: _joined_shape(parts, checkpoint.tensors, key, checkpoint.name) for key, parts in pieces.items()
+    }
+    return pieces, shapes
 
 
-def transformer_config(state_dict: dict[str, torch.Tensor], name: str) -> Flux2Config:
-    """Every size of the DiT, read from tensor shapes (head_dim is the QK-norm width)."""
-    needed = (
-        "img_in.weight",
-        "txt_in.weight",
-        "double_blocks.0.img_attn.norm.query_norm.scale",
-        "double_blocks.0.img_mlp.2.weight",
-    )
-    missing = [k for k in needed if k not in state_dict]
-    if missing:
-        raise Flux2Error(f"{name} lacks {', '.join(missing)}: it is an incomplete or unknown FLUX.2 file")
-    hidden, in_channels = state_dict["img_in.weight"].shape
-    head_dim = state_dict["double_blocks.0.img_attn.norm.query_norm.scale"].shape[0]
-    mlp_hidden = state_dict["double_blocks.0.img_mlp.2.weight"].shape[1]
-    if hidden % head_dim or head_dim % 8:
-        raise Flux2Error(f"{name}: hidden size {hidden} and head size {head_dim} do not fit a FLUX.2 DiT")
-    axis = head_dim // 4
-    return Flux2Config(
-        hidden_size=hidden,
-        num_heads=hidden // head_dim,
-        depth=_count_blocks(state_dict, "double_blocks."),
-        depth_single_blocks=_count_blocks(state_dict, "single_blocks."),
-        context_in_dim=state_dict["txt_in.weight"].shape[1],
-        in_channels=in_channels,
-        mlp_ratio=mlp_hidden / hidden,
-        axes_dim=(axis, axis, axis, axis),
-        guidance_embed="guidance_in.in_layer.weight" in state_dict,
-    )
-
-
-def detect_variant(checkpoint: Checkpoint) -> Variant:
-    """Distilled, base and KV share shapes: read model_index.json, then the file name, then the metadata."""
-    index = checkpoint.model_index or {}
-    if "KV" in str(index.get("_class_name", "")):
-        return VARIANTS["kv"]
-    if "is_distilled" in index:
-        return VARIANTS["distilled" if index["is_distilled"] else "base"]
-    name = checkpoint.path.name if checkpoint.path.is_file() else str(checkpoint.path)
-    hints = [name] + [v for k, v in checkpoint.metadata.items() if k.lower() in METADATA_NAME_KEYS]
-    for hint in hints:
-        found = variant_from_name(hint)
-        if found is not None:
-            return found
-    log.warning(
-        "%s: could not tell distilled, base or KV weights apart; assuming distilled (4 steps, no CFG). "
-        "Choose the variant explicitly if this is a base or KV checkpoint.",
-        checkpoint.name,
-    )
-    return VARIANTS["distilled"]
-
-
-def variant_from_name(text: str) -> Variant | None:
-    """Official names: flux-2-klein-4b, flux-2-klein-base-9b, flux-2-klein-9b-kv (any case, _ or -)."""
-    words = set(re.split(r"[^a-z0-9]+", Path(text).name.lower()))
-    if "kv" in words:
-        return VARIANTS["kv"]
-    if "base" in words:
-        return VARIANTS["base"]
-    if "klein" in words or "distilled" in words:
-        return VARIANTS["distilled"]
-    return None
-
-
-def _bfl_norm_name(key: str) -> str:
-    # ComfyUI may store the QK-norm weights as ".weight" instead of BFL's ".scale".
-    if key.endswith(("query_norm.weight", "key_norm.weight")):
-        return key[: -len("weight")] + "scale"
-    return key
-
-
-def _count_blocks(state_dict: dict[str, torch.Tensor], prefix: str) -> int:
-    indices = {int(k[len(prefix) :].split(".")[0]) for k in state_dict if k.startswith(prefix)}
-    return max(indices) + 1 if indices else 0
-
-
-def _check_is_flux2(tensors: dict[str, torch.Tensor], name: str) -> None:
-    keys = set(tensors)
-    if (
-        "double_stream_modulation_img.lin.weight" in keys
-        or "double_stream_modulation_img.linear.weight" in keys
-    ):
-        if any(k.endswith(".bias") for k in keys):
+def fill(module, pieces: Plan, tensors, shapes, dtype, device, spec: ComponentSpec, what: str) -> None:
+    """Assign every state-dict entry of a meta-built module from the file, strictly, one at a time."""
+    expected = module.state_dict(keep_vars=True)
+    defaults = {k: f for k, f in spec.defaults.items() if k in expected and k not in pieces}
+    missing = sorted(set(expected) - set(pieces) - set(defaults))
+    unexpected = sorted(set(pieces) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} tensors ({_summarize(missing)})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected tensors ({_summarize(unexpected)})")
+        raise Flux2Error(f"{what}: the file does not match the architecture read from it: {'; '.join(parts)}")
+    for key, target in expected.items():
+        if key in defaults:
+            continue
+        if _squeezed(tuple(target.shape)) != _squeezed(shapes[key]) or target.numel() != _numel(shapes[key]):
             raise Flux2Error(
-                f"{name} has bias tensors, which no FLUX.2 DiT has: the file is not a FLUX.2 model"
+                f"{what}: tensor {key} has shape {list(shapes[key])}, expected {list(target.shape)}; "
+                "the file is not a consistent checkpoint"
             )
-        return
-    if any(k.startswith("double_blocks.0.img_mod.") for k in keys) or "vector_in.in_layer.weight" in keys:
-        raise Flux2Error(
-            f"{name} is a FLUX.1 model (per-block modulation): this pack runs FLUX.2 [klein]; "
-            "load flux-2-klein-4b / -9b / -base / -9b-kv .safetensors instead"
-        )
-    if any(k.startswith(("model.layers.", "layers.")) for k in keys):
-        kind = "a text encoder (Qwen3/LLM weights)"
-    elif any(k.startswith(("encoder.", "decoder.")) for k in keys):
-        kind = "a VAE"
+        if target.is_floating_point() and not _is_float(tensor_dtype(tensors, pieces[key][0][0])):
+            raise Flux2Error(
+                f"{what} stores {pieces[key][0][0]} as {tensor_dtype(tensors, pieces[key][0][0])}: it is a "
+                "quantized file this version cannot load; use the bf16 or fp32 .safetensors release"
+            )
+    for key, target in expected.items():
+        tensor = defaults[key]() if key in defaults else assemble(pieces[key], tensors, key, what)
+        tensor = tensor.reshape(target.shape)  # diffusers' Linear [C, C] for a 1x1 conv [C, C, 1, 1]
+        if tensor.is_floating_point() and dtype is not None:  # None: keep the file's dtypes
+            keep = any(key.startswith(prefix) for prefix in spec.keep_float32)
+            tensor = tensor.to(torch.float32 if keep else dtype)
+        _assign(module, key, tensor.to(device), isinstance(target, nn.Parameter))
+
+
+def assemble(parts: list[tuple[str, Placement]], tensors: Mapping, key: str, what: str) -> torch.Tensor:
+    """Our tensor ``key`` from its file pieces: one tensor as it is, or parts concatenated in order."""
+    if len(parts) == 1 and parts[0][1].into is None:
+        file_key, placement = parts[0]
+        return _take(tensors[file_key], placement)
+    blocks = {p.into.index: (file_key, p) for file_key, p in parts if p.into is not None}
+    count = parts[0][1].into.count if parts[0][1].into is not None else 0
+    if len(parts) != count or sorted(blocks) != list(range(count)):
+        raise Flux2Error(f"{what}: {key} is missing some of its parts (e.g. q/k/v); the file is incomplete")
+    return torch.cat([_take(tensors[blocks[i][0]], blocks[i][1]) for i in range(count)], dim=0)
+
+
+class _Sub(Mapping):
+    """The entries of ``tensors`` whose keys are in ``keys`` (for checks that read headers only)."""
+
+    def __init__(self, tensors: Mapping, keys: set[str]):
+        self.tensors, self.keys_ = tensors, keys
+
+    def __getitem__(self, key):
+        return self.tensors[key]
+
+    def __iter__(self):
+        return iter(self.keys_)
+
+    def __len__(self):
+        return len(self.keys_)
+
+
+def _take(tensor: torch.Tensor, placement: Placement) -> torch.Tensor:
+    if placement.take is None:
+        return tensor
+    offset, size = placement.take.rows(tensor.shape[0])
+    return tensor.narrow(0, offset, size)
+
+
+def _joined_shape(parts, tensors, key: str, name: str) -> tuple[int, ...]:
+    shapes = []
+    for file_key, placement in parts:
+        shape = tensor_shape(tensors, file_key)
+        if placement.take is not None:
+            shape = (placement.take.rows(shape[0])[1], *shape[1:])
+        shapes.append(shape)
+    if len(shapes) == 1:
+        return shapes[0]
+    if len({s[1:] for s in shapes}) != 1:
+        raise Flux2Error(f"{name}: the parts of {key} do not fit together; the file is not consistent")
+    return (sum(s[0] for s in shapes), *shapes[0][1:])
+
+
+def _assign(module: nn.Module, key: str, tensor: torch.Tensor, parameter: bool) -> None:
+    owner_name, _, name = key.rpartition(".")
+    owner = module.get_submodule(owner_name)
+    if parameter:
+        owner._parameters[name] = nn.Parameter(tensor, requires_grad=False)
     else:
-        kind = "not a FLUX.2 DiT"
-    raise Flux2Error(
-        f"{name} is {kind}, not a FLUX.2 [klein] diffusion model: choose the flux-2-klein-*.safetensors file "
-        "(ComfyUI folder models/diffusion_models)"
-    )
+        owner._buffers[name] = tensor
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    while shape and shape[-1] == 1 and len(shape) > 1:
+        shape = shape[:-1]
+    return shape
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _is_float(dtype) -> bool:
+    return isinstance(dtype, torch.dtype) and dtype.is_floating_point
+
+
+def _summarize(keys: list[str], limit: int = 4) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... {len(keys) - limit} more" if len(keys) > limit else "")

@@ -6,7 +6,9 @@ then centre-crop (never resize) to multiples of 16. The two references differ on
 for a single reference and 1024^2 for several, diffusers always 1024^2. We default to 1024^2 for every
 reference (diffusers; also what ComfyUI's klein templates feed), and let the caller raise it.
 
-Reference k is packed after the noisy tokens with position ids t = 10 * (k + 1) on its own latent grid.
+Reference k gets position ids t = 10 * (k + 1) on its own latent grid. The plain klein models append the
+references after the noisy tokens ([text, image, references]); the KV model computes their keys and values
+once, on their own, and splices them in after the text at every step.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .configs import FLUX2
 from .errors import Flux2Error
 from .rope import reference_ids
 
 MAX_REFERENCE_PIXELS = 1024 * 1024
 MIN_SIDE = 64
 MAX_ASPECT = 8.0
-MULTIPLE = 16
+MULTIPLE = FLUX2.size_multiple
 
 
 @dataclass
@@ -63,7 +66,7 @@ class ReferenceLatents:
     def from_latents(latents: list[torch.Tensor]) -> ReferenceLatents:
         """Pack [1, 128, h, w] latents (references 0, 1, ...) into one token sequence with their ids."""
         if not latents:
-            return ReferenceLatents(torch.zeros(1, 0, 128), reference_ids([]), [])
+            return ReferenceLatents(torch.zeros(1, 0, FLUX2.latent_channels), reference_ids([]), [])
         grids = [(lat.shape[-2], lat.shape[-1]) for lat in latents]
         tokens = torch.cat([lat[:1].float().flatten(2).transpose(1, 2) for lat in latents], dim=1)
         return ReferenceLatents(tokens, reference_ids(grids), grids)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import torch
 
-REF_TIME_OFFSET = (
-    10  # reference k sits at t = 10 * (k + 1): far from the output image (t = 0) on the time axis
-)
+from .configs import FLUX2
+
+# reference k sits at t = 10 * (k + 1): far from the output image (t = 0) on the time axis
+REF_TIME_OFFSET = FLUX2.ref_time_offset
 
 
 def text_ids(length: int) -> torch.Tensor:

@@ -1,10 +1,10 @@
-"""Sampling: the empirical-mu schedule, noise, packing, and the Euler loop (plain, true CFG, KV-cached).
+"""FLUX.2 [klein] sampling: the empirical-mu schedule, input checks, the klein denoiser, ``sample``.
 
-Conventions (BFL, diffusers and ComfyUI agree): x_sigma = (1 - sigma) x0 + sigma noise, the model predicts
-v = noise - x0, and each step is x <- x + (sigma_next - sigma) v, ending at sigma = 0. Latents stay float32
-between steps and the timestep goes to the model as float32 sigma (ComfyUI's choice; BFL and diffusers round
-it to bf16 first, and do so differently from each other). Noise is drawn on the CPU in float32 from
-``torch.Generator("cpu").manual_seed(seed)``, so a seed gives the same image on every device, as in ComfyUI.
+The denoiser gives the velocity of one step for the variant's guidance kind: one pass (distilled, KV), true
+CFG ``v_u + g (v_c - v_u)`` with a negative prompt (base), or the guidance value fed to the model (dev). The
+KV model runs every step, the first included, against the references' K/V, computed once before the loop (or
+handed in, to reuse across runs). The loop itself is ``flow.euler``. The timestep goes to the model as float32
+sigma (ComfyUI's choice; BFL and diffusers round it to bf16 first, and do so differently from each other).
 """
 
 from __future__ import annotations
@@ -16,22 +16,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .configs import TEXT_ENCODER_FOR_CONTEXT
+from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
 from .errors import Flux2Error
+from .flow import StepCallback, euler, make_noise, pack, start_from, truncate, unpack
+from .hooks import before_each, calling
 from .kv_cache import RefKVCache
-from .loading import Flux2Model
 from .references import ReferenceLatents
 from .rope import image_ids, text_ids
+from .transformer import Flux2Model
 
 log = logging.getLogger(__name__)
-
-MIN_SIZE = 64
-SIZE_MULTIPLE = 16  # 8x VAE downscale, then 2x2 patches
-LATENT_CHANNELS = 128
-
-StepCallback = Callable[
-    [int, int, torch.Tensor], None
-]  # (step done, total steps, predicted x0 [B, 128, h, w])
 
 
 @dataclass(frozen=True)
@@ -67,29 +61,20 @@ def get_sigmas(num_steps: int, image_seq_len: int) -> torch.Tensor:
 
 
 def check_size(width: int, height: int) -> None:
+    low, multiple = FLUX2.min_size, FLUX2.size_multiple
     for name, value in (("width", width), ("height", height)):
-        if value < MIN_SIZE or value % SIZE_MULTIPLE:
+        if value < low or value % multiple:
             raise Flux2Error(
-                f"{name} {value} is not allowed: use a multiple of {SIZE_MULTIPLE} of at least {MIN_SIZE} "
-                f"(e.g. {max(MIN_SIZE, value // SIZE_MULTIPLE * SIZE_MULTIPLE)})"
+                f"{name} {value} is not allowed: use a multiple of {multiple} of at least {low} "
+                f"(e.g. {max(low, value // multiple * multiple)})"
             )
 
 
-def make_noise(batch_size: int, height: int, width: int, seed: int) -> torch.Tensor:
-    """[B, 128, H/16, W/16] float32 CPU noise for a ``width x height`` image."""
-    generator = torch.Generator("cpu").manual_seed(seed)
-    shape = (batch_size, LATENT_CHANNELS, height // SIZE_MULTIPLE, width // SIZE_MULTIPLE)
-    return torch.randn(shape, generator=generator, dtype=torch.float32)
-
-
-def pack(latent: torch.Tensor) -> torch.Tensor:
-    """[B, C, h, w] -> [B, h * w, C], row-major."""
-    return latent.flatten(2).transpose(1, 2)
-
-
-def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """[B, h * w, C] -> [B, C, h, w] for a latent grid of ``height x width`` tokens."""
-    return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, height, width)
+def output_size(width: int | None, height: int | None, reference_size: tuple[int, int] | None = None):
+    """(width, height) to sample: a side left at 0/None takes the first reference's (processed) size, or
+    the family's default size without references."""
+    default = reference_size or (FLUX2.default_size, FLUX2.default_size)
+    return width or default[0], height or default[1]
 
 
 def check_conditioning(model: Flux2Model, conditioning: torch.Tensor, what: str = "conditioning") -> None:
@@ -112,15 +97,21 @@ def estimate_memory(model: Flux2Model, settings: SampleSettings, references: Ref
     modulated input, the float32 RoPE'd q and k, the attention output and the MLP product: about 24
     hidden-wide rows per token at the peak.
     """
-    config = model.config
+    config, m = model.config, FLUX2.size_multiple
     itemsize = torch.finfo(model.transformer.dtype).bits // 8
     num_ref = references.num_tokens if references is not None else 0
-    tokens = 512 + (settings.height // SIZE_MULTIPLE) * (settings.width // SIZE_MULTIPLE) + num_ref
+    tokens = FLUX2.max_text_tokens + (settings.height // m) * (settings.width // m) + num_ref
     activations = settings.batch_size * tokens * config.hidden_size * 24 * itemsize
     kv_cache = 0
     if model.variant.kv_cache:  # K and V of every reference token in every block, kept for the whole run
         kv_cache = 2 * num_ref * config.hidden_size * (config.depth + config.depth_single_blocks) * itemsize
     return activations + kv_cache
+
+
+def encode_reference_kv(model: Flux2Model, references: ReferenceLatents) -> RefKVCache:
+    """The KV model's reference K/V for ``references``, shared by every batch item, prompt, seed and step."""
+    net = model.transformer
+    return net.encode_reference_kv(references.tokens.to(net.device, net.dtype), references.ids)
 
 
 def sample(
@@ -131,11 +122,16 @@ def sample(
     references: ReferenceLatents | None = None,
     callback: StepCallback | None = None,
     interrupt: Callable[[], None] | None = None,
+    start: torch.Tensor | None = None,
+    strength: float = 1.0,
+    kv_cache: RefKVCache | None = None,
 ) -> torch.Tensor:
     """Generate latents [B, 128, H/16, W/16] (float32, CPU) from text conditioning [1 or B, T, C].
 
     ``callback`` gets each finished step with the predicted clean latent (for previews); ``interrupt`` is
-    called before every block and may raise to stop the run.
+    called before every block and may raise to stop the run. ``start`` (a latent of the output's shape) and
+    ``strength`` < 1 begin part-way down the schedule from that latent instead of from pure noise.
+    ``kv_cache`` is the references' K/V from ``encode_reference_kv`` (KV model), computed here if not given.
     """
     check_size(settings.width, settings.height)
     if settings.batch_size < 1:
@@ -149,63 +145,61 @@ def sample(
         )
     if use_cfg:
         check_conditioning(model, negative, "negative conditioning")
-    elif settings.guidance > 1.0:
+    elif model.variant.guidance == "none" and settings.guidance > 1.0:
         log.warning(
             "guidance %g is ignored: %s models run without CFG", settings.guidance, model.variant.name
         )
-    grid = (settings.height // SIZE_MULTIPLE, settings.width // SIZE_MULTIPLE)
+    m = FLUX2.size_multiple
+    grid = (settings.height // m, settings.width // m)
     conds = [positive] + ([negative] if use_cfg else [])
-    denoiser = _Denoiser(model, conds, settings, references, grid)
-    sigmas = get_sigmas(settings.steps, grid[0] * grid[1]).tolist()
-    # Latents stay float32 on the model's device for the whole run; the noise is drawn on the CPU.
-    x = pack(make_noise(settings.batch_size, settings.height, settings.width, settings.seed)).to(
-        model.transformer.device
+    if model.variant.kv_cache and references is not None and len(references) and kv_cache is None:
+        kv_cache = encode_reference_kv(model, references)
+    denoise = KleinDenoiser(
+        model, conds, settings, references, grid, kv_cache if model.variant.kv_cache else None
     )
-    model.transformer.on_block = interrupt
-    try:
-        for i in range(settings.steps):
-            v = denoiser(x, sigmas[i])
-            if callback is not None:
-                callback(i + 1, settings.steps, unpack(x - sigmas[i] * v, *grid))
-            x = x + (sigmas[i + 1] - sigmas[i]) * v
-    finally:
-        model.transformer.on_block = None
+    sigmas = truncate(get_sigmas(settings.steps, grid[0] * grid[1]).tolist(), strength)
+    # Latents stay float32 on the model's device for the whole run; the noise is drawn on the CPU.
+    device = model.transformer.device
+    noise = pack(make_noise(settings.batch_size, settings.height, settings.width, settings.seed)).to(device)
+    x = start_from(noise, pack(start).to(device) if start is not None else None, sigmas[0])
+    report = None if callback is None else (lambda step, total, x0: callback(step, total, unpack(x0, *grid)))
+    with before_each(model.transformer.blocks(), calling(interrupt)):
+        x = euler(denoise, x, sigmas, report)
     return unpack(x, *grid).cpu()
 
 
-class _Denoiser:
-    """The velocity of one step: plain, true CFG (v_u + g (v_c - v_u)), or KV-cached.
+class KleinDenoiser:
+    """The velocity of one step (see the module docstring for the guidance kinds and the KV model)."""
 
-    With the KV model the first call extracts the reference K/V; every later call, including the negative
-    pass of the first step, reuses them: they depend on neither the text nor the timestep.
-    """
-
-    def __init__(self, model: Flux2Model, conds, settings: SampleSettings, references, grid):
+    def __init__(self, model: Flux2Model, conds, settings: SampleSettings, references, grid, kv_cache=None):
         self.net = model.transformer
         self.guidance = settings.guidance
         device, dtype = self.net.device, self.net.dtype
         self.x_ids = image_ids(*grid)  # ids stay on the CPU: the model turns them into a cached RoPE table
         self.conds = [(_batch(c, settings.batch_size).to(device, dtype), text_ids(c.shape[1])) for c in conds]
         self.refs = None
-        if references is not None and len(references):  # tokens [1, R, C]: shared by the whole batch
+        if references is not None and len(references) and kv_cache is None:  # [1, R, C]: the whole batch's
             self.refs = (references.tokens.to(device, dtype), references.ids)
-        self.use_kv = model.variant.kv_cache and self.refs is not None
-        self.cache: RefKVCache | None = None
+        self.kv_cache = kv_cache
+        self.embedded = None
+        if model.variant.embeds_guidance:
+            self.embedded = torch.full((settings.batch_size,), settings.guidance, dtype=torch.float32)
 
     def __call__(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
         x_in = x.to(self.net.dtype)
         t = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
+        g = self.embedded.to(x.device) if self.embedded is not None else None
         velocities = []
         with torch.inference_mode():
             for ctx, ctx_ids in self.conds:
-                if self.use_kv and self.cache is None:
-                    v, self.cache = self.net.forward_kv_extract(x_in, self.x_ids, t, ctx, ctx_ids, *self.refs)
-                elif self.use_kv:
-                    v = self.net.forward_kv_cached(x_in, self.x_ids, t, ctx, ctx_ids, self.cache)
+                if self.kv_cache is not None:
+                    v = self.net.forward_kv_cached(
+                        x_in, self.x_ids, t, ctx, ctx_ids, self.kv_cache, guidance=g
+                    )
                 elif self.refs is not None:
-                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, *self.refs)
+                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, *self.refs, guidance=g)
                 else:
-                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids)
+                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, guidance=g)
                 velocities.append(v.float())
         if len(velocities) == 2:
             v_cond, v_uncond = velocities

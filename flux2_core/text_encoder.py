@@ -18,9 +18,16 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint, load_into, open_checkpoint, reject_quantized, strip_prefix
+from .checkpoint import Checkpoint, open_checkpoint
+from .configs import FLUX2, preset_name
 from .errors import Flux2Error
+from .hooks import before_each, calling
+from .keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
+from .loading import ComponentSpec, load_checkpoint, plan_checkpoint
+from .ops import adopt_linears
 from .tokenizer import (
+    PAD_TOKEN_ID,
+    QWEN_CHAT_TEMPLATE,
     TextTokenizer,
     builtin_tokenizer,
     find_tokenizer_folder,
@@ -30,12 +37,26 @@ from .tokenizer import (
 
 log = logging.getLogger(__name__)
 
-# hidden_states indices (0 = embeddings): the residual stream after 9, 18 and 27 layers (BFL, diffusers).
-QWEN3_HIDDEN_LAYERS = (9, 18, 27)
-NUM_LAYERS_RUN = max(QWEN3_HIDDEN_LAYERS)  # the last 9 of Qwen3's 36 layers never influence the output
 
-# Prefixes of the text encoder inside ComfyUI all-in-one checkpoints.
-ALL_IN_ONE_PREFIXES = ("text_encoders.qwen3_4b.transformer.", "text_encoders.qwen3_8b.transformer.")
+@dataclass(frozen=True)
+class PromptSpec:
+    """How a text encoder turns prompts into conditioning: which hidden states, how prompts are fed."""
+
+    hidden_layers: tuple[int, ...]  # hidden_states indices concatenated per token (0 = embeddings)
+    max_tokens: int  # prompts are padded or cut to this many tokens
+    template: str  # the chat template the prompt is put in
+    pad_id: int
+
+    @property
+    def layers_run(self) -> int:
+        """Decoder layers that influence the output; the later ones are never built."""
+        return max(self.hidden_layers)
+
+
+# The residual stream after 9, 18 and 27 layers (BFL, diffusers): the last 9 of Qwen3's 36 layers never run.
+KLEIN_QWEN3 = PromptSpec((9, 18, 27), FLUX2.max_text_tokens, QWEN_CHAT_TEMPLATE, PAD_TOKEN_ID)
+QWEN3_HIDDEN_LAYERS = KLEIN_QWEN3.hidden_layers
+NUM_LAYERS_RUN = KLEIN_QWEN3.layers_run
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
 
 
@@ -69,10 +90,7 @@ QWEN3_PRESETS = {"Qwen3-4B": QWEN3_4B, "Qwen3-8B": QWEN3_8B}
 
 def describe_qwen3(shape: Qwen3Shape) -> str:
     """The preset name ("Qwen3-4B"), or a description of any other shape (e.g. a test model)."""
-    for name, preset in QWEN3_PRESETS.items():
-        if preset == shape:
-            return name
-    return (
+    return preset_name(QWEN3_PRESETS, shape) or (
         f"Qwen3 ({shape.hidden_size} wide, {shape.num_layers} layers, {shape.num_heads}/{shape.num_kv_heads} "
         f"heads of {shape.head_dim}, MLP {shape.intermediate_size}, vocab {shape.vocab_size})"
     )
@@ -81,10 +99,17 @@ def describe_qwen3(shape: Qwen3Shape) -> str:
 class TextEncoder:
     """A Qwen3 cut to 27 layers plus its tokenizer: prompts -> [B, 512, 3*E] in the model dtype and device."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: TextTokenizer, shape: Qwen3Shape):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: TextTokenizer,
+        shape: Qwen3Shape,
+        spec: PromptSpec = KLEIN_QWEN3,
+    ):
         self.model = model  # transformers Qwen3Model, 27 layers, norm = Identity
         self.tokenizer = tokenizer
         self.shape = shape
+        self.spec = spec
 
     @property
     def output_dim(self) -> int:
@@ -117,22 +142,19 @@ class TextEncoder:
             raise Flux2Error(
                 "no prompt to encode: give at least one prompt (an empty string is a valid prompt)"
             )
-        input_ids, attention_mask = tokenize_prompts(self.tokenizer, prompts)  # [B, 512] each
-        hooks = []
-        if interrupt is not None:
-            hooks = [layer.register_forward_pre_hook(lambda *_: interrupt()) for layer in self.model.layers]
-        try:
+        spec = self.spec
+        input_ids, attention_mask = tokenize_prompts(
+            self.tokenizer, prompts, spec.max_tokens, spec.template, spec.pad_id
+        )  # [B, 512] each
+        with before_each(self.model.layers, calling(interrupt)):
             out = self.model(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 output_hidden_states=True,
                 use_cache=False,
             )
-        finally:
-            for hook in hooks:
-                hook.remove()
         hidden = out.hidden_states  # 28 x [B, 512, E]; [27] is raw because the final norm is an identity
-        return torch.cat([hidden[i] for i in QWEN3_HIDDEN_LAYERS], dim=-1)
+        return torch.cat([hidden[i] for i in spec.hidden_layers], dim=-1)
 
 
 def load_text_encoder(
@@ -148,15 +170,7 @@ def load_text_encoder(
     """
     ckpt = open_checkpoint(path, "text_encoder")
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path is not None else _tokenizer_beside(ckpt)
-    return text_encoder_from_state_dict(
-        ckpt.tensors,
-        dtype=dtype,
-        device=device,
-        tokenizer=tokenizer,
-        config=ckpt.config,
-        metadata=ckpt.metadata,
-        what=ckpt.name,
-    )
+    return _finish(load_checkpoint(QWEN3_SPEC, ckpt, dtype), tokenizer, device)
 
 
 def text_encoder_from_state_dict(
@@ -168,38 +182,22 @@ def text_encoder_from_state_dict(
     metadata: dict[str, str] | None = None,
     what: str = "the text encoder",
 ) -> TextEncoder:
-    """Build the 27-layer encoder from Qwen3 tensors (HF key names, known prefixes) and load them strictly."""
-    own = strip_prefix(state_dict, ALL_IN_ONE_PREFIXES)
-    # An all-in-one header may describe a quantized DiT: judge the text encoder by its own tensors.
-    reject_quantized(own, (metadata or {}) if own is state_dict else {}, what)
-    tensors = qwen3_tensors(own, what)
-    shape = qwen3_shape(tensors, config, what)
-    # 1. Only what the 27 layers use: embeddings and layers 0..26. The final norm, layers 27+ and lm_head
-    #    (already gone with the "model." prefix) are dropped on purpose.
-    wanted = {
-        k: v
-        for k, v in tensors.items()
-        if k == "embed_tokens.weight" or ((m := _LAYER_KEY.match(k)) and int(m.group(1)) < NUM_LAYERS_RUN)
-    }
-    not_float = [k for k, v in wanted.items() if not v.is_floating_point()]
-    if not_float:
-        raise Flux2Error(
-            f"{what} stores {not_float[0]} as {wanted[not_float[0]].dtype}: it is a quantized file this "
-            "version cannot load; use the bf16 or fp32 .safetensors release of the text encoder"
-        )
-    # 2. Meta build, strict assign in the target dtype, real RoPE tables (a non-persistent fp32 buffer).
-    model = build_qwen3(shape)
-    load_into(model, {k: v.to(dtype) for k, v in wanted.items()}, f"{what} ({describe_qwen3(shape)})")
+    """Build the 27-layer encoder from in-memory Qwen3 tensors (HF key names, known prefixes)."""
+    ckpt = Checkpoint(Path(what), state_dict, metadata or {}, config)
+    return _finish(load_checkpoint(QWEN3_SPEC, ckpt, dtype), tokenizer, device)
+
+
+def read_qwen3_shape(state_dict: dict[str, torch.Tensor], what: str = "the text encoder") -> Qwen3Shape:
+    """The Qwen3 shape of in-memory tensors (any accepted naming; meta tensors too), reading no data."""
+    checkpoint = Checkpoint(Path(what), state_dict)
+    return QWEN3_SPEC.config(plan_checkpoint(QWEN3_SPEC, checkpoint)[1], checkpoint)
+
+
+def _finish(loaded, tokenizer: TextTokenizer | None, device) -> TextEncoder:
+    model, shape = loaded.module, loaded.config
     _materialize_rotary(model)
-    model.requires_grad_(False).eval().to(device)
-    log.info(
-        "loaded %s from %s: %d of %d layers, %s",
-        describe_qwen3(shape),
-        what,
-        NUM_LAYERS_RUN,
-        shape.num_layers,
-        dtype,
-    )
+    model.to(device)
+    log.info("%s: %d of %d decoder layers built", loaded.description, NUM_LAYERS_RUN, shape.num_layers)
     return TextEncoder(model, tokenizer if tokenizer is not None else builtin_tokenizer(), shape)
 
 
@@ -226,13 +224,12 @@ def build_qwen3(shape: Qwen3Shape, num_layers: int = NUM_LAYERS_RUN) -> torch.nn
     with torch.device("meta"):
         model = Qwen3Model(config)
     model.norm = torch.nn.Identity()  # h27 must be the raw residual stream, not the final-norm output
-    return model
+    return adopt_linears(model)  # every projection computes through ops.Linear
 
 
-def qwen3_tensors(state_dict: dict[str, torch.Tensor], what: str) -> dict[str, torch.Tensor]:
-    """Strip known prefixes to Qwen3Model names (``embed_tokens.weight``, ``layers.N...``) or say why not."""
-    tensors = strip_prefix(state_dict, ALL_IN_ONE_PREFIXES)
-    keys = list(tensors)
+def identify_qwen3(names: dict[str, str], checkpoint: Checkpoint) -> None:
+    """Raise a clear error unless the (prefix-stripped) keys are those of a Qwen3 language model."""
+    files, keys, what = list(checkpoint.tensors), list(names), checkpoint.name
     if any(
         k.startswith(("model.language_model.", "language_model.", "model.visual.", "visual.")) for k in keys
     ):
@@ -240,8 +237,10 @@ def qwen3_tensors(state_dict: dict[str, torch.Tensor], what: str) -> dict[str, t
             f"{what} is a Qwen3-VL (vision-language) model; FLUX.2 [klein] was trained with the text-only "
             "Qwen3-4B (klein 4B) or Qwen3-8B (klein 9B): use qwen_3_4b.safetensors / qwen_3_8b.safetensors"
         )
-    other = sorted({k.split(".")[1] for k in keys if k.startswith("text_encoders.")})
-    if other:
+    other = sorted(
+        {k.split(".")[1] for k in files if k.startswith("text_encoders.")} - {"qwen3_4b", "qwen3_8b"}
+    )
+    if other and not any(k.startswith(QWEN3_ALL_IN_ONE_PREFIXES) for k in files):
         raise Flux2Error(
             f"{what} is an all-in-one checkpoint whose text encoder is {', '.join(other)}, not Qwen3-4B/8B: "
             "choose the Qwen3 text encoder that matches the klein model"
@@ -252,34 +251,35 @@ def qwen3_tensors(state_dict: dict[str, torch.Tensor], what: str) -> dict[str, t
             f"{what} is a diffusion model (DiT), not a text encoder: load it with the model loader and "
             "choose the Qwen3 text encoder file (e.g. qwen_3_4b.safetensors) here"
         )
-    tensors = strip_prefix(tensors, ("model.",))
-    if "embed_tokens.weight" not in tensors or not any(_LAYER_KEY.match(k) for k in tensors):
+    if "embed_tokens.weight" not in names or not any(_LAYER_KEY.match(k) for k in keys):
         raise Flux2Error(
             f"{what} is not a language-model text encoder (no embed_tokens / layers tensors): choose the "
             "Qwen3-4B (klein 4B) or Qwen3-8B (klein 9B) text encoder file"
         )
-    if "layers.0.self_attn.q_norm.weight" not in tensors:
+    if "layers.0.self_attn.q_norm.weight" not in names:
         raise Flux2Error(
             f"{what} is not a Qwen3 model (no q_norm/k_norm, as in Qwen2.5, Llama or Mistral files): "
             "FLUX.2 [klein] needs Qwen3-4B (klein 4B) or Qwen3-8B (klein 9B), e.g. qwen_3_4b.safetensors"
         )
-    return tensors
 
 
-def qwen3_shape(tensors: dict[str, torch.Tensor], config: dict | None, what: str) -> Qwen3Shape:
-    """Read every dimension from the tensor shapes; config.json only supplies rope_theta and rms_norm_eps."""
-    vocab_size, hidden_size = tensors["embed_tokens.weight"].shape
-    num_layers = 1 + max(int(m.group(1)) for k in tensors if (m := _LAYER_KEY.match(k)))
+def qwen3_shape(shapes: dict[str, tuple[int, ...]], config: dict | None, what: str) -> Qwen3Shape:
+    """Read every dimension from the tensor shapes; config.json only supplies rope_theta and rms_norm_eps.
+
+    ``num_layers`` is the file's layer count, read from its keys before the unused layers are dropped.
+    """
+    vocab_size, hidden_size = shapes["embed_tokens.weight"]
+    num_layers = 1 + max(int(m.group(1)) for k in shapes if (m := _LAYER_KEY.match(k)))
     if num_layers < NUM_LAYERS_RUN:
         raise Flux2Error(
             f"{what} has only {num_layers} decoder layers; FLUX.2 [klein] reads hidden states after layer "
             f"{NUM_LAYERS_RUN}: use the complete Qwen3-4B / Qwen3-8B text encoder (36 layers)"
         )
     attn = "layers.0.self_attn."
-    head_dim = tensors[attn + "q_norm.weight"].shape[0]
+    head_dim = shapes[attn + "q_norm.weight"][0]
     try:
-        q_rows, k_rows = tensors[attn + "q_proj.weight"].shape[0], tensors[attn + "k_proj.weight"].shape[0]
-        intermediate_size = tensors["layers.0.mlp.gate_proj.weight"].shape[0]
+        q_rows, k_rows = shapes[attn + "q_proj.weight"][0], shapes[attn + "k_proj.weight"][0]
+        intermediate_size = shapes["layers.0.mlp.gate_proj.weight"][0]
     except KeyError as e:
         raise Flux2Error(f"{what} lacks {e.args[0]}: the file is incomplete, download it again") from None
     if q_rows % head_dim or k_rows % head_dim:
@@ -315,3 +315,24 @@ def _tokenizer_beside(ckpt: Checkpoint) -> TextTokenizer:
         return builtin_tokenizer()
     found = find_tokenizer_folder(ckpt.folder)
     return load_tokenizer(found) if found is not None else builtin_tokenizer()
+
+
+def _wanted(key: str) -> bool:
+    # Only what the 27 layers use: embeddings and layers 0..26. The final norm, layers 27+ and lm_head are
+    # dropped on purpose.
+    return key == "embed_tokens.weight" or bool(
+        (m := _LAYER_KEY.match(key)) and int(m.group(1)) < NUM_LAYERS_RUN
+    )
+
+
+QWEN3_SPEC = ComponentSpec(
+    what="text encoder",
+    component="text_encoder",
+    keymap=QWEN3,
+    config=lambda shapes, checkpoint: qwen3_shape(shapes, checkpoint.config, checkpoint.name),
+    build=build_qwen3,
+    describe=describe_qwen3,
+    prefixes=(QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES),
+    identify=identify_qwen3,
+    wanted=_wanted,
+)

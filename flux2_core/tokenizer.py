@@ -25,6 +25,7 @@ from typing import Protocol
 
 import torch
 
+from .configs import FLUX2
 from .errors import Flux2Error
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 # One user turn, generation prompt, thinking disabled (an empty think block), no system turn: the string BFL's
 # Qwen3Embedder, diffusers (Qwen3 template, enable_thinking=False) and ComfyUI's KleinTokenizer all feed.
 QWEN_CHAT_TEMPLATE = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-MAX_TEXT_TOKENS = 512  # klein's text sequence length T: every prompt is padded or cut to it
+MAX_TEXT_TOKENS = FLUX2.max_text_tokens  # klein's text length T: every prompt is padded or cut to it
 PAD_TOKEN_ID = 151643  # <|endoftext|>, the Qwen pad token
 
 # Qwen2/Qwen3 pre-tokenizer split (single digits, unlike tiktoken's cl100k \p{N}{1,3}).
@@ -136,13 +137,19 @@ class HFTokenizer:
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def tokenize_prompts(tokenizer: TextTokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Template, tokenize, cut to 512, right-pad: (input_ids, attention_mask), both [B, 512] int64."""
-    input_ids = torch.full((len(prompts), MAX_TEXT_TOKENS), PAD_TOKEN_ID, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), MAX_TEXT_TOKENS), dtype=torch.long)
+def tokenize_prompts(
+    tokenizer: TextTokenizer,
+    prompts: list[str],
+    max_tokens: int = MAX_TEXT_TOKENS,
+    template: str = QWEN_CHAT_TEMPLATE,
+    pad_id: int = PAD_TOKEN_ID,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Template, tokenize, cut to ``max_tokens``, right-pad: (input_ids, attention_mask), both int64."""
+    input_ids = torch.full((len(prompts), max_tokens), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), max_tokens), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        ids = tokenizer.encode(QWEN_CHAT_TEMPLATE.format(prompt=prompt))
-        if len(ids) > MAX_TEXT_TOKENS:
+        ids = tokenizer.encode(template.format(prompt=prompt))
+        if len(ids) > max_tokens:
             # As diffusers and BFL (truncation=True): the end goes, template tail included. ComfyUI keeps all.
             log.warning(
                 "prompt %d of %d is %d tokens long with the chat template; %d tokens beyond the "
@@ -150,10 +157,10 @@ def tokenize_prompts(tokenizer: TextTokenizer, prompts: list[str]) -> tuple[torc
                 row + 1,
                 len(prompts),
                 len(ids),
-                len(ids) - MAX_TEXT_TOKENS,
-                MAX_TEXT_TOKENS,
+                len(ids) - max_tokens,
+                max_tokens,
             )
-            ids = ids[:MAX_TEXT_TOKENS]
+            ids = ids[:max_tokens]
         input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, : len(ids)] = 1
     return input_ids, attention_mask

@@ -1,26 +1,29 @@
 """The FLUX.2 DiT (klein 4B / 9B / 9B-KV, and the dev 32B shape), with BFL checkpoint names.
 
-Inputs, shared by the three entry points:
+Inputs of the entry points:
     x       [B, N, 128]   packed noisy latent tokens          x_ids   [N, 4]
     t       [B]           sigma in [0, 1] (1 = pure noise)
     ctx     [B, T, C]     text conditioning (C = 3 * text width)  ctx_ids [T, 4]
     ref     [B, R, 128]   reference tokens (editing)          ref_ids [R, 4]
+    guidance [B]          the embedded guidance value (dev only)
 Output: the velocity for the N noisy tokens, [B, N, 128]
 (x_sigma = (1 - sigma) x0 + sigma noise, v = noise - x0).
 
-``forward`` appends references after the noisy tokens ([x; ref]) with the same modulation: the plain
-klein models.
-``forward_kv_extract`` / ``forward_kv_cached`` are the KV checkpoint's two modes (see kv_cache.py).
+``forward`` appends references after the noisy tokens ([x; ref]) with the same modulation: the plain klein
+models. The KV checkpoint instead modulates references at t = 0 and lets them attend only to themselves, so
+``encode_reference_kv`` computes their per-block K/V once, from the references alone, and
+``forward_kv_cached`` runs text and noisy tokens against that cache at every step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .configs import Flux2Config
+from .configs import Flux2Config, Variant
+from .errors import Flux2Error
 from .kv_cache import RefKVCache
 from .layers import (
     DoubleStreamBlock,
@@ -30,6 +33,7 @@ from .layers import (
     SingleStreamBlock,
     timestep_embedding,
 )
+from .ops import Linear
 from .rope import rope_table
 
 REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they were clean (t = 0)
@@ -41,8 +45,8 @@ class Flux2Transformer(nn.Module):
         self.config = config
         hidden, heads, mlp = config.hidden_size, config.num_heads, config.mlp_hidden_dim
         # 1. Input projections and the timestep (and, for dev, guidance) embedders
-        self.img_in = nn.Linear(config.in_channels, hidden, bias=False)
-        self.txt_in = nn.Linear(config.context_in_dim, hidden, bias=False)
+        self.img_in = Linear(config.in_channels, hidden, bias=False)
+        self.txt_in = Linear(config.context_in_dim, hidden, bias=False)
         self.time_in = MLPEmbedder(256, hidden)
         if config.guidance_embed:
             self.guidance_in = MLPEmbedder(256, hidden)
@@ -56,7 +60,6 @@ class Flux2Transformer(nn.Module):
             SingleStreamBlock(hidden, heads, mlp) for _ in range(config.depth_single_blocks)
         )
         self.final_layer = LastLayer(hidden, config.in_channels)
-        self.on_block: Callable[[], None] | None = None  # called before each block (interruption)
         self._rope_cache: dict[tuple, torch.Tensor] = {}
 
     @property
@@ -67,93 +70,74 @@ class Flux2Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.img_in.weight.device
 
+    def blocks(self) -> list[nn.Module]:
+        """Every block in the order they run (for per-block hooks)."""
+        return [*self.double_blocks, *self.single_blocks]
+
     def forward(self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None):
         num_img = x.shape[1]
         if ref is not None and ref.shape[1] > 0:
             x = torch.cat([x, ref.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1)
             x_ids = torch.cat([x_ids, ref_ids])
         vec = self._vec(t, guidance, x.dtype)
-        mods = (
-            self.double_stream_modulation_img(vec),
-            self.double_stream_modulation_txt(vec),
-            self.single_stream_modulation(vec)[0],
-        )
-        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), mods)
+        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), self._mods(vec))
         return self.final_layer(out[:, :num_img], vec)
 
-    def forward_kv_extract(self, x, x_ids, t, ctx, ctx_ids, ref, ref_ids, guidance=None):
-        """First KV step: references modulated at t = 0, attending only to themselves; fills a new cache.
+    @torch.inference_mode()
+    def encode_reference_kv(self, ref, ref_ids, guidance=None) -> RefKVCache:
+        """The KV checkpoint's reference K/V of every block, from the references alone at t = 0.
 
-        ``ref`` is [1, R, C] when every batch item shares the references (the cache then keeps one copy) or
-        [B, R, C].
+        ``ref`` is [1, R, C] when every batch item shares the references (the cache then keeps one copy and
+        serves any batch size) or [B, R, C].
         """
-        num_ref = ref.shape[1]
-        shared = ref.shape[0] == 1
-        cache = RefKVCache(len(self.double_blocks), len(self.single_blocks), batch_shared=shared)
-        cache.num_ref_tokens = num_ref
-        vec = self._vec(t, guidance, x.dtype)
-        ref_vec = self._vec(torch.full_like(t, REF_KV_TIMESTEP), guidance, x.dtype)
-        num_txt = ctx.shape[1]
-        img_mod = _per_token(
-            self.double_stream_modulation_img(ref_vec),
-            self.double_stream_modulation_img(vec),
-            num_ref,
-            x.shape[1],
-        )
-        txt_mod = self.double_stream_modulation_txt(vec)
-        single = self.single_stream_modulation(vec)[0]
-        single_ref = self.single_stream_modulation(ref_vec)[0]
-        single_mod = tuple(  # [txt: vec | ref: ref_vec | img: vec]
-            torch.cat(
-                [m.expand(-1, num_txt, -1), r.expand(-1, num_ref, -1), m.expand(-1, x.shape[1], -1)], dim=1
-            )
-            for m, r in zip(single, single_ref)
-        )
-        stream = torch.cat([ref.to(x.dtype).expand(x.shape[0], -1, -1), x], dim=1)
-        ids = torch.cat([ctx_ids, ref_ids, x_ids])
-        out = self._run_blocks(stream, ctx, ids, (img_mod, txt_mod, single_mod), num_ref=num_ref, cache=cache)
-        return self.final_layer(out[:, num_ref:], vec), cache
+        batch = ref.shape[0]
+        cache = RefKVCache(len(self.double_blocks), len(self.single_blocks), batch_shared=batch == 1)
+        t = torch.full((batch,), REF_KV_TIMESTEP, dtype=torch.float32, device=ref.device)
+        vec = self._vec(t, guidance, self.dtype)
+        no_text = torch.zeros(batch, 0, self.config.context_in_dim, dtype=self.dtype, device=ref.device)
+        self._run_blocks(ref.to(self.dtype), no_text, ref_ids, self._mods(vec), cache=cache)
+        return cache
 
     def forward_kv_cached(self, x, x_ids, t, ctx, ctx_ids, cache: RefKVCache, guidance=None):
-        """Later KV steps: only text and noisy tokens run; the cached reference K/V are spliced in."""
+        """Text and noisy tokens attend to themselves and to the cached reference K/V."""
         if not cache.filled:
             cache.double[0].get(x.shape[0])  # raises the clear "cache is empty" error
         vec = self._vec(t, guidance, x.dtype)
-        mods = (
-            self.double_stream_modulation_img(vec),
-            self.double_stream_modulation_txt(vec),
-            self.single_stream_modulation(vec)[0],
-        )
-        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), mods, cache=cache)
+        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), self._mods(vec), cache=cache)
         return self.final_layer(out, vec)
 
     def _vec(self, t: torch.Tensor, guidance: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         vec = self.time_in(timestep_embedding(t).to(dtype))
         if self.config.guidance_embed:
             if guidance is None:
-                guidance = torch.full_like(t, 4.0)
-            vec = vec + self.guidance_in(timestep_embedding(guidance).to(dtype))
+                raise Flux2Error(
+                    "this model embeds the guidance value (FLUX.2 [dev]): give a guidance value (about 4)"
+                )
+            vec = vec + self.guidance_in(timestep_embedding(guidance.to(t.device)).to(dtype))
         return vec
 
-    def _run_blocks(self, img, ctx, ids, mods, num_ref=0, cache: RefKVCache | None = None):
+    def _mods(self, vec: torch.Tensor):
+        return (
+            self.double_stream_modulation_img(vec),
+            self.double_stream_modulation_txt(vec),
+            self.single_stream_modulation(vec)[0],
+        )
+
+    def _run_blocks(self, img, ctx, ids, mods, cache: RefKVCache | None = None):
         """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part."""
         img_mod, txt_mod, single_mod = mods
         pe = self._rope(ids, img.device)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))
         for i, block in enumerate(self.double_blocks):
-            if self.on_block is not None:
-                self.on_block()
             kv = cache.double[i] if cache is not None else None
-            img, txt = block(img, txt, img_mod, txt_mod, pe, num_ref=num_ref, kv=kv)
+            img, txt = block(img, txt, img_mod, txt_mod, pe, kv=kv)
             img, txt = _fp16_safe(img), _fp16_safe(txt)
         num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
         for i, block in enumerate(self.single_blocks):
-            if self.on_block is not None:
-                self.on_block()
             kv = cache.single[i] if cache is not None else None
-            h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, num_ref=num_ref, kv=kv))
+            h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv))
         return h[:, num_txt:]
 
     def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -166,14 +150,17 @@ class Flux2Transformer(nn.Module):
         return self._rope_cache[key]
 
 
-def _per_token(ref_mod, img_mod, num_ref: int, num_img: int):
-    """Modulation sets for an image stream laid out [ref; img]: each [B, 1, H] becomes [B, R + N, H]."""
-    return tuple(
-        tuple(
-            torch.cat([r.expand(-1, num_ref, -1), m.expand(-1, num_img, -1)], dim=1) for r, m in zip(rs, ms)
-        )
-        for rs, ms in zip(ref_mod, img_mod)
-    )
+@dataclass
+class Flux2Model:
+    """A loaded DiT with what was learned about it: its variant and the name of its shape."""
+
+    transformer: Flux2Transformer
+    variant: Variant
+    name: str  # e.g. "klein 9B"
+
+    @property
+    def config(self) -> Flux2Config:
+        return self.transformer.config
 
 
 def _fp16_safe(x: torch.Tensor) -> torch.Tensor:

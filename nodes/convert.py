@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..flux2_core.errors import Flux2Error
-from ..flux2_core.references import ReferenceLatents
-from ..flux2_core.sampling import LATENT_CHANNELS, SIZE_MULTIPLE
-
-DEFAULT_SIZE = 1024  # output side when neither the widgets, a latent nor a reference give one
+from ..flux2_core import FLUX2, Flux2Error, ReferenceLatents
+from ..flux2_core import output_size as core_output_size
 
 
 def image_to_list(image: torch.Tensor) -> list[torch.Tensor]:
@@ -31,10 +28,11 @@ def pixels_to_image(pixels: torch.Tensor) -> torch.Tensor:
 def latent_samples(latent: dict) -> torch.Tensor:
     """The [B, 128, h, w] tensor of a LATENT, or a clear error for an SD / FLUX.1 / video latent."""
     samples = latent.get("samples") if isinstance(latent, dict) else None
-    if not isinstance(samples, torch.Tensor) or samples.ndim != 4 or samples.shape[1] != LATENT_CHANNELS:
+    channels = FLUX2.latent_channels
+    if not isinstance(samples, torch.Tensor) or samples.ndim != 4 or samples.shape[1] != channels:
         shape = list(samples.shape) if isinstance(samples, torch.Tensor) else type(samples).__name__
         raise Flux2Error(
-            f"the latent has shape {shape}, not a FLUX.2 latent [batch, {LATENT_CHANNELS}, height/16, "
+            f"the latent has shape {shape}, not a FLUX.2 latent [batch, {channels}, height/16, "
             "width/16]: make it with EmptyFlux2LatentImage or the FLUX.2 VAE"
         )
     return samples
@@ -48,12 +46,9 @@ def output_size(
     latent: dict | None = None,
 ) -> tuple[int, int, int]:
     """(width, height, batch size) to sample. A latent sets all three; otherwise a 0 side takes the first
-    reference's processed size, or DEFAULT_SIZE without references."""
+    reference's processed size, or the default size without references (the core's rule)."""
     if latent is not None:
         batch, _, h, w = latent_samples(latent).shape
-        return w * SIZE_MULTIPLE, h * SIZE_MULTIPLE, batch
-    if references is not None and len(references):
-        ref_width, ref_height = references.pixel_size(0)
-    else:
-        ref_width, ref_height = DEFAULT_SIZE, DEFAULT_SIZE
-    return width or ref_width, height or ref_height, batch_size
+        return w * FLUX2.size_multiple, h * FLUX2.size_multiple, batch
+    first = references.pixel_size(0) if references is not None and len(references) else None
+    return (*core_output_size(width, height, first), batch_size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..flux2_core.sampling import SIZE_MULTIPLE
+from ..flux2_core import FLUX2
 from . import convert, host, types
 from .types import socket
 
@@ -28,7 +28,7 @@ class Flux2KleinDecode:
 
     def decode(self, vae: types.KleinVAE, latent: dict):
         samples = convert.latent_samples(latent)
-        height, width = samples.shape[-2] * SIZE_MULTIPLE, samples.shape[-1] * SIZE_MULTIPLE
+        height, width = samples.shape[-2] * FLUX2.size_multiple, samples.shape[-1] * FLUX2.size_multiple
         # Full-resolution activations of the decoder's first level dominate: about 6 maps of its width.
         itemsize = torch.finfo(vae.vae.dtype).bits // 8
         host.load(vae.patcher, height * width * vae.vae.config.decoder_ch * 6 * itemsize)

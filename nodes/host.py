@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from ..flux2_core.errors import Flux2Error
+from ..flux2_core import Flux2Error
 
 
 class Flux2KleinModule(torch.nn.Module):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..flux2_core.references import MAX_REFERENCE_PIXELS, encode_references
+from ..flux2_core import MAX_REFERENCE_PIXELS, encode_references
 from . import convert, host, types
 from .types import socket
 

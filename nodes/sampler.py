@@ -6,11 +6,12 @@ guidance > 1, and the cached reference K/V of the 9B-KV model when references ar
 
 from __future__ import annotations
 
-from ..flux2_core.sampling import MIN_SIZE, SIZE_MULTIPLE, SampleSettings, estimate_memory, sample
+from ..flux2_core import FLUX2, SampleSettings, estimate_memory, sample
 from . import convert, host, types
 from .types import socket
 
 MAX_SIZE = 8192
+MIN_SIZE, SIZE_MULTIPLE = FLUX2.min_size, FLUX2.size_multiple
 MAX_SEED = 0xFFFFFFFFFFFFFFFF
 
 TOOLTIPS = {

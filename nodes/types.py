@@ -13,9 +13,7 @@ from typing import Any
 
 import torch
 
-from ..flux2_core.loading import Flux2Model
-from ..flux2_core.text_encoder import TextEncoder
-from ..flux2_core.vae import AutoEncoder
+from ..flux2_core import AutoEncoder, Flux2Model, TextEncoder
 
 MODEL = "FLUX2_KLEIN_MODEL"
 TEXT_ENCODER = "FLUX2_KLEIN_TEXT_ENCODER"

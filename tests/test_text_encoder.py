@@ -31,8 +31,7 @@ from flux2_core.text_encoder import (
     build_qwen3,
     describe_qwen3,
     load_text_encoder,
-    qwen3_shape,
-    qwen3_tensors,
+    read_qwen3_shape,
     text_encoder_from_state_dict,
 )
 from flux2_core.tokenizer import HFTokenizer, QwenTokenizer, tokenize_prompts
@@ -290,7 +289,7 @@ def test_real_size_parameter_counts(shape, name, tie, full_count):
     ours = build_qwen3(shape)
     assert sum(p.numel() for p in ours.parameters()) == embed + 27 * _layer_params(shape)
     # The shape reader recognises the published model from its tensors alone.
-    detected = qwen3_shape(qwen3_tensors(full.state_dict(), name), None, name)
+    detected = read_qwen3_shape(full.state_dict(), name)
     assert detected == shape and describe_qwen3(detected) == name
     assert TEXT_ENCODER_FOR_CONTEXT[shape.output_dim] == name  # 7680 / 12288 = the DiT's txt_in width
 

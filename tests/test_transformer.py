@@ -10,8 +10,8 @@ from safetensors.torch import save_file
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file, write_diffusers_folder
 
 from flux2_core.configs import DEV_32B, KLEIN_4B, KLEIN_9B
+from flux2_core.dit_files import load_transformer
 from flux2_core.errors import Flux2Error
-from flux2_core.loading import load_transformer
 from flux2_core.rope import image_ids, reference_ids, text_ids
 from flux2_core.transformer import Flux2Transformer
 
@@ -91,7 +91,9 @@ def _kv_reference(reference):
     return reference
 
 
-def test_kv_extract_and_cached_match_diffusers(loaded, inputs):
+def test_reference_kv_and_cached_steps_match_diffusers_kv_mode(loaded, inputs):
+    """Our K/V, computed from the references alone, equal those diffusers' extract step stores inside the
+    joint first step; the first step (run against the cache) and a later one equal diffusers' outputs."""
     reference = _kv_reference(make_diffusers_dit(seed=1))
     net = loaded["diffusers"].transformer
     x_ids, ref_ids = image_ids(H, W), reference_ids([(2, 3), (4, 2)])
@@ -106,11 +108,14 @@ def test_kv_extract_and_cached_match_diffusers(loaded, inputs):
         num_ref_tokens=R,
     )
     with torch.no_grad():
-        got, cache = net.forward_kv_extract(
-            inputs["x"], x_ids, inputs["t"], inputs["ctx"], text_ids(T), inputs["ref"], ref_ids
-        )
+        cache = net.encode_reference_kv(inputs["ref"], ref_ids)
+        got = net.forward_kv_cached(inputs["x"], x_ids, inputs["t"], inputs["ctx"], text_ids(T), cache)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-    assert cache.filled and cache.num_ref_tokens == R
+    assert cache.filled and cache.num_tokens == R
+    theirs = [kv.get_double(i) for i in range(2)] + [kv.get_single(i) for i in range(2)]
+    for ours, layer in zip(cache.layers, theirs):  # diffusers keeps [B, R, heads, D]
+        torch.testing.assert_close(ours.k, layer.k_ref.transpose(1, 2), atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours.v, layer.v_ref.transpose(1, 2), atol=1e-5, rtol=0)
     t2 = torch.tensor([0.2, 0.2])
     expected = _diffusers(
         reference, inputs["x"], inputs["ctx"], t2, x_ids, kv_cache_mode="cached", kv_cache=kv
@@ -120,33 +125,35 @@ def test_kv_extract_and_cached_match_diffusers(loaded, inputs):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
-def test_kv_cached_step_equals_fresh_extract_and_cache_is_timestep_independent(loaded, inputs):
+def test_one_reference_cache_serves_any_prompt(loaded, inputs):
     net = loaded["bfl"].transformer
     x_ids, ref_ids, ctx_ids = image_ids(H, W), reference_ids([(2, 3), (4, 2)]), text_ids(T)
+    reference = _kv_reference(make_diffusers_dit(seed=1))
     with torch.no_grad():
-        _, early = net.forward_kv_extract(
-            inputs["x"], x_ids, torch.tensor([0.9, 0.9]), inputs["ctx"], ctx_ids, inputs["ref"], ref_ids
-        )
-        late_t = torch.tensor([0.3, 0.3])
-        fresh, late = net.forward_kv_extract(
-            inputs["x"], x_ids, late_t, inputs["ctx"], ctx_ids, inputs["ref"], ref_ids
-        )
-        cached = net.forward_kv_cached(inputs["x"], x_ids, late_t, inputs["ctx"], ctx_ids, early)
-    torch.testing.assert_close(cached, fresh, atol=1e-5, rtol=0)
-    for a, b in zip(early.double + early.single, late.double + late.single):
-        torch.testing.assert_close(a.k, b.k)
-        torch.testing.assert_close(a.v, b.v)
+        cache = net.encode_reference_kv(inputs["ref"], ref_ids)
+        for ctx in (inputs["ctx"], -inputs["ctx"]):
+            expected = _diffusers(
+                reference,
+                torch.cat([inputs["ref"], inputs["x"]], 1),
+                ctx,
+                inputs["t"],
+                torch.cat([ref_ids, x_ids]),
+                kv_cache_mode="extract",
+                num_ref_tokens=ref_ids.shape[0],
+            )[0]
+            got = net.forward_kv_cached(inputs["x"], x_ids, inputs["t"], ctx, ctx_ids, cache)
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
-def test_kv_extract_with_zero_references_is_the_plain_forward(loaded, inputs):
+def test_empty_reference_cache_is_the_plain_forward(loaded, inputs):
     net = loaded["bfl"].transformer
     x_ids, ctx_ids = image_ids(H, W), text_ids(T)
     with torch.no_grad():
         plain = net(inputs["x"], x_ids, inputs["t"], inputs["ctx"], ctx_ids)
-        extract, _ = net.forward_kv_extract(
-            inputs["x"], x_ids, inputs["t"], inputs["ctx"], ctx_ids, inputs["ref"][:, :0], reference_ids([])
-        )
-    torch.testing.assert_close(extract, plain, atol=1e-6, rtol=0)
+        cache = net.encode_reference_kv(inputs["ref"][:1, :0], reference_ids([]))
+        cached = net.forward_kv_cached(inputs["x"], x_ids, inputs["t"], inputs["ctx"], ctx_ids, cache)
+    assert cache.num_tokens == 0
+    torch.testing.assert_close(cached, plain, atol=1e-6, rtol=0)
 
 
 def test_kv_cache_read_before_filled_is_a_clear_error(loaded, inputs):
@@ -272,23 +279,13 @@ def test_fp8_file_is_refused(reference, tmp_path):
 
 def test_kv_cache_holds_copies_and_one_batch_item_for_shared_references(loaded, inputs):
     net = loaded["bfl"].transformer
-    x_ids, ref_ids = image_ids(H, W), reference_ids([(2, 3), (4, 2)])
+    ref_ids = reference_ids([(2, 3), (4, 2)])
     with torch.no_grad():
-        _, cache = net.forward_kv_extract(
-            inputs["x"], x_ids, inputs["t"], inputs["ctx"], text_ids(T), inputs["ref"][:1], ref_ids
-        )
-        _, per_item = net.forward_kv_extract(
-            inputs["x"],
-            x_ids,
-            inputs["t"],
-            inputs["ctx"],
-            text_ids(T),
-            inputs["ref"][:1].expand(B, -1, -1),
-            ref_ids,
-        )
-    for layer, full in zip(cache.double + cache.single, per_item.double + per_item.single):
+        cache = net.encode_reference_kv(inputs["ref"][:1], ref_ids)
+        per_item = net.encode_reference_kv(inputs["ref"][:1].expand(B, -1, -1), ref_ids)
+    for layer, full in zip(cache.layers, per_item.layers):
         assert layer.k.shape[0] == 1 and full.k.shape[0] == B
-        # a view would pin the whole K / fused linear1 output of the extract step
+        # a view would pin the whole K / fused linear1 output of the encoding run
         assert layer.k.untyped_storage().nbytes() == layer.k.numel() * layer.k.element_size()
         assert layer.v.untyped_storage().nbytes() == layer.v.numel() * layer.v.element_size()
         torch.testing.assert_close(layer.get(B)[0], full.k, atol=1e-6, rtol=0)

@@ -1,0 +1,78 @@
+"""The rectified-flow sampling loop every model of the pack runs: noise, packing, Euler over sigmas.
+
+Conventions (BFL, diffusers and ComfyUI agree): x_sigma = (1 - sigma) x0 + sigma noise, the model predicts
+v = noise - x0, and each step is x <- x + (sigma_next - sigma) v, ending at sigma = 0. A *denoiser* is any
+``(x, sigma) -> v`` (the klein denoiser is in ``sampling.py``); the loop knows nothing of models. Its hooks:
+
+- a start latent and a truncated schedule (img2img): ``start_from`` noises the start latent to the first
+  sigma, ``truncate`` keeps the last ``strength`` of the schedule;
+- ``blend(x, sigma_next)`` after every step (inpaint: keep the known region at the current noise level);
+- ``callback(step, total, x0)`` after every step with the predicted clean latent (progress, previews,
+  interruption); per-block interruption is a hook on the model's blocks (``hooks.before_each``).
+
+Latents stay float32 between steps. Noise is drawn on the CPU in float32 from
+``torch.Generator("cpu").manual_seed(seed)``, so a seed gives the same image on every device, as in ComfyUI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .configs import FLUX2, Family
+
+Denoiser = Callable[[torch.Tensor, float], torch.Tensor]  # (x [B, N, C] float32, sigma) -> v
+StepCallback = Callable[[int, int, torch.Tensor], None]  # (step done, total steps, predicted x0)
+Blend = Callable[[torch.Tensor, float], torch.Tensor]  # (x after a step, its sigma) -> x
+
+
+def make_noise(batch_size: int, height: int, width: int, seed: int, family: Family = FLUX2) -> torch.Tensor:
+    """[B, C, H/m, W/m] float32 CPU noise for a ``width x height`` image (m: the family's size multiple)."""
+    generator = torch.Generator("cpu").manual_seed(seed)
+    m = family.size_multiple
+    shape = (batch_size, family.latent_channels, height // m, width // m)
+    return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+
+def pack(latent: torch.Tensor) -> torch.Tensor:
+    """[B, C, h, w] -> [B, h * w, C], row-major."""
+    return latent.flatten(2).transpose(1, 2)
+
+
+def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """[B, h * w, C] -> [B, C, h, w] for a latent grid of ``height x width`` tokens."""
+    return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, height, width)
+
+
+def truncate(sigmas: list[float], strength: float) -> list[float]:
+    """The last ``strength`` of a schedule (img2img), counted in whole steps as diffusers does."""
+    steps = len(sigmas) - 1
+    kept = min(int(steps * strength), steps)
+    return sigmas[steps - kept :]
+
+
+def start_from(noise: torch.Tensor, start: torch.Tensor | None, sigma: float) -> torch.Tensor:
+    """The latent at ``sigma`` on the way from ``start`` to ``noise``; pure noise without a start."""
+    if start is None:
+        return noise
+    return (1.0 - sigma) * start.to(noise) + sigma * noise
+
+
+def euler(
+    denoise: Denoiser,
+    x: torch.Tensor,
+    sigmas: list[float],
+    callback: StepCallback | None = None,
+    blend: Blend | None = None,
+) -> torch.Tensor:
+    """Integrate from ``sigmas[0]`` to ``sigmas[-1]``: one denoiser call per step."""
+    steps = len(sigmas) - 1
+    for i in range(steps):
+        v = denoise(x, sigmas[i])
+        if callback is not None:
+            callback(i + 1, steps, x - sigmas[i] * v)
+        x = x + (sigmas[i + 1] - sigmas[i]) * v
+        if blend is not None:
+            x = blend(x, sigmas[i + 1])
+    return x

@@ -1,0 +1,141 @@
+"""The weight seam: every linear layer computes through ``Linear``, whose weight comes from a source.
+
+A *source* turns what a layer stores into the weight one forward uses, on the input's device and in the
+input's dtype. What it stores are the layer's own parameters and buffers, so ``.to()``, state dicts and
+ComfyUI's model patcher see them like any module's. ``PlainWeight`` hands the stored weight back untouched
+when it already sits on the right device in the right dtype, so a model of plain sources computes exactly
+what ``nn.Linear`` computes; a weight kept on another device (streaming) is copied over for the one call.
+Quantised storages are further sources: they dequantise per call and never write back.
+
+*Patches* (LoRA) are added on top at compute time: ``strength * up @ down``, on the whole weight or on a row
+range of a fused one (one of q/k/v in ``qkv``, a part of a single block's ``linear1``). They are summed in
+float32 on a copy of the weight, never into the stored tensor, and removed by the key they were added under.
+
+``adopt_linears`` swaps the ``nn.Linear`` modules of a model built elsewhere (transformers' Qwen3) for this
+type after the meta build, keeping their parameters, so blocks never know which kind they hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class WeightSource(Protocol):
+    """How a layer's stored tensors become the weight of one forward: [out_features, in_features]."""
+
+    def weight(self, layer: Linear, dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
+
+
+class PlainWeight:
+    """The stored ``weight`` parameter as it is, moved or cast only when it must be."""
+
+    def weight(self, layer: Linear, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        w = layer.weight
+        if w.device != device or w.dtype != dtype:
+            w = w.to(device=device, dtype=dtype, non_blocking=True)
+        return w
+
+
+PLAIN = PlainWeight()
+
+
+@dataclass(frozen=True)
+class LowRankPatch:
+    """``strength * up @ down`` added to the weight, or to its rows ``offset .. offset + size`` if given."""
+
+    up: torch.Tensor  # [rows, rank]
+    down: torch.Tensor  # [rank, in_features]
+    strength: float = 1.0
+    rows: tuple[int, int] | None = None  # (offset, size) in a fused weight
+
+    def delta(self, device: torch.device) -> torch.Tensor:
+        up, down = self.up.to(device, torch.float32), self.down.to(device, torch.float32)
+        return self.strength * (up @ down)
+
+
+class Linear(nn.Module):
+    """``y = x W^T (+ b)`` with ``W`` from ``source`` plus any patches; state dict keys as ``nn.Linear``."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        source: WeightSource = PLAIN,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        self.source = source
+        self.patches: dict[str, LowRankPatch] = {}
+
+    def extra_repr(self) -> str:
+        extra = f", patches={len(self.patches)}" if self.patches else ""
+        return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}{extra}"
+
+    def add_patch(self, key: str, patch: LowRankPatch) -> None:
+        offset, size = patch.rows or (0, self.out_features)
+        shape = (size, self.in_features)
+        if (
+            offset < 0
+            or offset + size > self.out_features
+            or (patch.up.shape[0], patch.down.shape[1]) != shape
+        ):
+            raise ValueError(
+                f"patch {key!r} of shape {[patch.up.shape[0], patch.down.shape[1]]} at rows {offset}.."
+                f"{offset + size} does not fit a {self.out_features}x{self.in_features} weight"
+            )
+        self.patches[key] = patch
+
+    def remove_patch(self, key: str) -> None:
+        self.patches.pop(key, None)
+
+    def compute_weight(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        w = self.source.weight(self, dtype, device)
+        if not self.patches:
+            return w
+        w = w.to(torch.float32, copy=True)  # never into the stored tensor
+        for patch in self.patches.values():
+            offset, size = patch.rows or (0, self.out_features)
+            w.narrow(0, offset, size).add_(patch.delta(device))
+        return w.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias
+        if bias is not None and (bias.device != x.device or bias.dtype != x.dtype):
+            bias = bias.to(device=x.device, dtype=x.dtype)
+        return F.linear(x, self.compute_weight(x.dtype, x.device), bias)
+
+
+def adopt_linears(module: nn.Module) -> nn.Module:
+    """Replace every ``nn.Linear`` inside ``module`` by ``Linear`` holding the same parameters."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                layer = Linear.__new__(Linear)
+                nn.Module.__init__(layer)
+                layer.in_features, layer.out_features = child.in_features, child.out_features
+                layer.weight, layer.bias = child.weight, child.bias
+                layer.source, layer.patches = PLAIN, {}
+                setattr(parent, name, layer)
+    return module
+
+
+def linears(module: nn.Module) -> Iterator[tuple[str, Linear]]:
+    """Every ``Linear`` of ``module`` with its qualified name (the checkpoint key without ``.weight``)."""
+    return ((name, m) for name, m in module.named_modules() if isinstance(m, Linear))
+
+
+def set_sources(module: nn.Module, source: Callable[[str, Linear], WeightSource]) -> None:
+    """Give every linear layer of ``module`` the source ``source(name, layer)`` returns."""
+    for name, layer in linears(module):
+        layer.source = source(name, layer)
