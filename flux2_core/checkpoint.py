@@ -129,10 +129,14 @@ _QUANT_SUFFIXES = (".comfy_quant", ".weight_scale", ".scale_weight")
 _FLOAT8_DTYPES = {d for d in (_DTYPES["F8_E4M3"], _DTYPES["F8_E5M2"]) if d is not None}
 
 
-def reject_quantized(tensors: Mapping, metadata: dict[str, str], what: str) -> None:
-    """Quantized files need dequantization this version does not do; never load their raw bytes."""
-    quant_keys = any(k.endswith(_QUANT_SUFFIXES) for k in tensors)
-    fp8 = any(tensor_dtype(tensors, k) in _FLOAT8_DTYPES for k in tensors)
+def reject_quantized(tensors: Mapping, metadata: dict[str, str], what: str, keys=None) -> None:
+    """Quantized files need dequantization this version does not do; never load their raw bytes.
+
+    ``keys``: the entries to judge (default: all), by name and header dtype only.
+    """
+    keys = list(tensors) if keys is None else keys
+    quant_keys = any(k.endswith(_QUANT_SUFFIXES) for k in keys)
+    fp8 = any(tensor_dtype(tensors, k) in _FLOAT8_DTYPES for k in keys)
     if quant_keys or fp8 or "_quantization_metadata" in metadata:
         raise Flux2Error(
             f"{what} is a quantized (fp8/nvfp4) file, which this version cannot load yet: "

@@ -93,7 +93,7 @@ def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> tuple[Plan, 
     }
     # Header metadata describes the whole file: judge it only when the file holds this component alone.
     metadata = checkpoint.metadata if len(names) == len(checkpoint.tensors) else {}
-    reject_quantized(_Sub(checkpoint.tensors, set(names.values())), metadata, checkpoint.name)
+    reject_quantized(checkpoint.tensors, metadata, checkpoint.name, names.values())
     shapes = {
         key: _joined_shape(parts, checkpoint.tensors, key, checkpoint.name) for key, parts in pieces.items()
     }
@@ -145,22 +145,6 @@ def assemble(parts: list[tuple[str, Placement]], tensors: Mapping, key: str, wha
     if len(parts) != count or sorted(blocks) != list(range(count)):
         raise Flux2Error(f"{what}: {key} is missing some of its parts (e.g. q/k/v); the file is incomplete")
     return torch.cat([_take(tensors[blocks[i][0]], blocks[i][1]) for i in range(count)], dim=0)
-
-
-class _Sub(Mapping):
-    """The entries of ``tensors`` whose keys are in ``keys`` (for checks that read headers only)."""
-
-    def __init__(self, tensors: Mapping, keys: set[str]):
-        self.tensors, self.keys_ = tensors, keys
-
-    def __getitem__(self, key):
-        return self.tensors[key]
-
-    def __iter__(self):
-        return iter(self.keys_)
-
-    def __len__(self):
-        return len(self.keys_)
 
 
 def _take(tensor: torch.Tensor, placement: Placement) -> torch.Tensor:

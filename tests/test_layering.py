@@ -42,6 +42,25 @@ def test_only_nodes_host_imports_the_host():
     assert {"folder_paths", "comfy"} <= set(host_imports(ROOT / "nodes" / "host.py"))
 
 
+def test_core_files_stay_one_concept_each():
+    for path in CORE.glob("*.py"):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= 400, f"flux2_core/{path.name} has {lines} lines: split it by concept"
+
+
+def test_nodes_use_only_what_the_core_exports():
+    import flux2_core
+
+    for path in (ROOT / "nodes").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 2:
+                assert node.module == "flux2_core", f"nodes/{path.name} imports flux2_core.{node.module}"
+                names = {alias.name for alias in node.names}
+                assert names <= set(flux2_core.__all__), (
+                    f"nodes/{path.name}: {names - set(flux2_core.__all__)}"
+                )
+
+
 def host_imports(path: Path) -> list[str]:
     """Absolute imports of host modules in a source file (anywhere in it, functions included)."""
     found = []
