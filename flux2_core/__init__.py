@@ -13,7 +13,7 @@ Editing adds ``references=encode_references(vae, [image, ...])`` to ``sample``. 
 pipeline), ``flow`` (the sampling loop), ``sampling`` (the klein denoiser), ``hooks`` (per-block work).
 """
 
-from .configs import FLUX2, KLEIN_4B, KLEIN_9B, VARIANTS, Family, Flux2Config, Variant
+from .configs import FLUX2, KLEIN_4B, KLEIN_9B, KLEIN_VARIANTS, VARIANTS, Family, Flux2Config, Variant
 from .dit_files import load_transformer
 from .errors import Flux2Error
 from .flow import make_noise
@@ -43,6 +43,7 @@ __all__ = [
     "FLUX2",
     "KLEIN_4B",
     "KLEIN_9B",
+    "KLEIN_VARIANTS",
     "MAX_REFERENCE_PIXELS",
     "VARIANTS",
     "AutoEncoder",

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from .configs import VARIANTS
+from .configs import KLEIN_VARIANTS
 from .errors import Flux2Error
 
 log = logging.getLogger("flux2_core")
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--guidance", type=float, default=None, help="default: 1.0 distilled / kv, 4.0 base")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--batch-size", type=int, default=1)
-    gen.add_argument("--variant", default="auto", choices=["auto", *VARIANTS])
+    gen.add_argument("--variant", default="auto", choices=["auto", *KLEIN_VARIANTS])
     gen.add_argument(
         "--dtype", default=None, choices=list(DTYPES), help="default: bfloat16 on GPU, float32 on CPU"
     )

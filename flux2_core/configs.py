@@ -126,6 +126,10 @@ VARIANTS = {
 }
 
 
+# What the klein text encoders can drive; dev also needs its Mistral text encoder.
+KLEIN_VARIANTS = ("distilled", "base", "kv")
+
+
 def get_variant(name: str) -> Variant:
     try:
         return VARIANTS[name]

@@ -1,7 +1,7 @@
 """One loading pipeline for the DiT, the text encoder and the VAE.
 
     open lazily -> strip prefixes -> identify the kind -> map keys -> config from shapes -> build on meta
-    -> fill strictly, one tensor at a time, in the dtype policy
+    -> fill strictly, one tensor at a time, in the dtype policy -> attach weight sources
 
 Each component describes itself with a ``ComponentSpec`` (its prefixes, key map, kind check, how to read its
 config from shapes and how to build it); nothing else differs between them. Shapes come from the file
@@ -25,6 +25,7 @@ from torch import nn
 from .checkpoint import Checkpoint, open_checkpoint, reject_quantized, tensor_dtype, tensor_shape
 from .errors import Flux2Error
 from .keymaps import KeyMap, Placement, plan, strip_prefix
+from .ops import Linear, WeightSource, set_sources
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class ComponentSpec:
     wanted: Callable[[str], bool] = lambda key: True  # our keys to load; the rest of the file is skipped
     keep_float32: tuple[str, ...] = ()
     defaults: Mapping[str, Callable[[], torch.Tensor]] = field(default_factory=dict)  # optional in files
+    # The weight source of each linear layer, given its name and the checkpoint (default: plain weights).
+    sources: Callable[[str, Linear, Checkpoint], WeightSource] | None = None
 
 
 @dataclass
@@ -75,6 +78,8 @@ def load_checkpoint(
     what = f"{checkpoint.name} ({description})"
     wanted = {key: parts for key, parts in pieces.items() if spec.wanted(key)}
     fill(module, wanted, checkpoint.tensors, shapes, dtype, device, spec, what)
+    if spec.sources is not None:
+        set_sources(module, lambda name, layer: spec.sources(name, layer, checkpoint))
     module.eval().requires_grad_(False)
     log.info("loaded %s from %s (%s)", description, checkpoint.name, dtype)
     return Loaded(module, config, checkpoint, description)

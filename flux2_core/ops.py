@@ -74,7 +74,8 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        b = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
+        self.register_parameter("bias", b)
         self.source = source
         self.patches: dict[str, LowRankPatch] = {}
 
@@ -121,11 +122,9 @@ def adopt_linears(module: nn.Module) -> nn.Module:
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                layer = Linear.__new__(Linear)
-                nn.Module.__init__(layer)
-                layer.in_features, layer.out_features = child.in_features, child.out_features
-                layer.weight, layer.bias = child.weight, child.bias
-                layer.source, layer.patches = PLAIN, {}
+                layer = Linear(child.in_features, child.out_features, bias=False, device="meta")
+                layer.weight = child.weight
+                layer.register_parameter("bias", child.bias)
                 setattr(parent, name, layer)
     return module
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from ..flux2_core import load_text_encoder, load_transformer, load_vae
+from ..flux2_core import KLEIN_VARIANTS, load_text_encoder, load_transformer, load_vae
 from . import host, types
 from .types import socket
 
-VARIANTS = ("auto", "distilled", "base", "kv")  # dev needs its Mistral text encoder, not offered here yet
+VARIANTS = ("auto", *KLEIN_VARIANTS)
 WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 

@@ -118,4 +118,5 @@ def test_full_run_matches_diffusers(weights, ours, case):
     got = unpatchify(denormalize(latents, ours.bn.running_mean, ours.bn.running_var))
     assert got.shape == expected.shape
     diff = (got - expected).abs().max().item()
+    print(f"{case}: max abs difference vs diffusers {diff:.1e}")
     assert diff <= TOLERANCE, f"{case}: max abs difference {diff:.2e}"

@@ -228,3 +228,16 @@ def test_flux1_latent_format_round_trips():
     z = torch.randn(1, 16, 4, 4)
     torch.testing.assert_close(fmt.from_latent(fmt.to_latent(z)), z)
     torch.testing.assert_close(fmt.to_latent(z), (z - 0.1) * 0.5)
+
+
+def test_the_loading_pipeline_attaches_the_specs_sources(files, inputs):
+    from dataclasses import replace
+
+    from flux2_core.dit_files import DIT_SPEC
+    from flux2_core.loading import load_component
+
+    counting = CountingSource()
+    spec = replace(DIT_SPEC, sources=lambda name, layer, ckpt: counting(name, layer))
+    net = load_component(spec, files["bfl"], torch.float32).module
+    assert torch.equal(_forward(net, inputs), _forward(load_transformer(files["bfl"]).transformer, inputs))
+    assert len(counting.calls) == 29
