@@ -18,6 +18,16 @@ from .dit_files import load_transformer
 from .errors import Flux2Error
 from .flow import make_noise
 from .kv_cache import RefKVCache
+from .limits import (
+    MAX_BATCH,
+    MAX_GUIDANCE,
+    MAX_SEED,
+    MAX_SIZE,
+    MAX_STEPS,
+    check_fits,
+    check_request,
+    check_size,
+)
 from .references import (
     MAX_REFERENCE_PIXELS,
     ReferenceLatents,
@@ -28,12 +38,12 @@ from .references import (
 from .sampling import (
     SampleSettings,
     check_conditioning,
-    check_size,
     encode_reference_kv,
     estimate_memory,
     get_sigmas,
     output_size,
     sample,
+    settings_numbers,
 )
 from .text_encoder import TextEncoder, load_text_encoder
 from .transformer import Flux2Model, Flux2Transformer
@@ -41,6 +51,11 @@ from .vae import AutoEncoder, load_vae
 
 __all__ = [
     "FLUX2",
+    "MAX_BATCH",
+    "MAX_GUIDANCE",
+    "MAX_SEED",
+    "MAX_SIZE",
+    "MAX_STEPS",
     "KLEIN_4B",
     "KLEIN_9B",
     "KLEIN_VARIANTS",
@@ -58,6 +73,8 @@ __all__ = [
     "TextEncoder",
     "Variant",
     "check_conditioning",
+    "check_fits",
+    "check_request",
     "check_size",
     "encode_reference_kv",
     "encode_references",
@@ -71,4 +88,5 @@ __all__ = [
     "prepare_reference",
     "processed_size",
     "sample",
+    "settings_numbers",
 ]

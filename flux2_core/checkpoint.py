@@ -171,8 +171,20 @@ def _check_suffix(path: Path) -> None:
 def _shard_files(folder: Path) -> list[Path]:
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if indexes:
-        index = _read_json(indexes[0]) or {}
-        names = sorted(set(index.get("weight_map", {}).values()))
+        weight_map = (_read_json(indexes[0]) or {}).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise Flux2Error(
+                f"{indexes[0]} has no valid weight_map (tensor name -> shard file): repair or remove it"
+            )
+        names = sorted(set(weight_map.values()))
+        outside = [
+            n for n in names if Path(n).name != n or n in (".", "..") or not n.endswith(".safetensors")
+        ]
+        if outside:
+            raise Flux2Error(
+                f"{indexes[0].name} names {outside[0]!r}: a shard index may only name .safetensors "
+                "files in its own folder; repair the index"
+            )
         missing = [n for n in names if not (folder / n).is_file()]
         if missing:
             raise Flux2Error(
@@ -187,6 +199,9 @@ def _read_json(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise Flux2Error(f"{path} is not valid JSON ({e}): repair or remove it") from None
+    if not isinstance(data, dict):
+        raise Flux2Error(f"{path} holds a JSON {type(data).__name__}, not an object: repair or remove it")
+    return data

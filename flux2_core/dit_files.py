@@ -18,7 +18,7 @@ from .checkpoint import Checkpoint
 from .configs import VARIANTS, Flux2Config, Variant, check_variant, describe, get_variant
 from .errors import Flux2Error
 from .keymaps import DIT, DIT_PREFIXES
-from .loading import ComponentSpec, load_component
+from .loading import ComponentSpec, block_count, load_component
 from .transformer import Flux2Model, Flux2Transformer
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,16 @@ def load_transformer(
 ) -> Flux2Model:
     """Load a FLUX.2 DiT from a file or folder; ``variant`` is "auto", "distilled", "base", "kv" or "dev"."""
     loaded = load_component(DIT_SPEC, path, dtype, device)
-    config = loaded.config
-    chosen = get_variant(variant) if variant != "auto" else detect_variant(loaded.checkpoint, config)
-    check_variant(chosen, config, loaded.checkpoint.name)
+    chosen = transformer_variant(loaded.checkpoint, loaded.config, variant)
     log.info("%s: %s variant", loaded.checkpoint.name, chosen.name)
     return Flux2Model(loaded.module, chosen, loaded.description)
+
+
+def transformer_variant(checkpoint: Checkpoint, config: Flux2Config, variant: str = "auto") -> Variant:
+    """The variant asked for (checked against the weights), or the one the files say with ``auto``."""
+    chosen = get_variant(variant) if variant != "auto" else detect_variant(checkpoint, config)
+    check_variant(chosen, config, checkpoint.name)
+    return chosen
 
 
 def transformer_config(shapes: dict[str, tuple[int, ...]], name: str) -> Flux2Config:
@@ -62,8 +67,8 @@ def transformer_config(shapes: dict[str, tuple[int, ...]], name: str) -> Flux2Co
     return Flux2Config(
         hidden_size=hidden,
         num_heads=hidden // head_dim,
-        depth=_count_blocks(shapes, "double_blocks."),
-        depth_single_blocks=_count_blocks(shapes, "single_blocks."),
+        depth=block_count(shapes, "double_blocks.", "double blocks", name),
+        depth_single_blocks=block_count(shapes, "single_blocks.", "single blocks", name),
         context_in_dim=shapes["txt_in.weight"][1],
         in_channels=in_channels,
         mlp_ratio=mlp_hidden / hidden,
@@ -105,11 +110,6 @@ def variant_from_name(text: str) -> Variant | None:
     if "klein" in words or "distilled" in words:
         return VARIANTS["distilled"]
     return None
-
-
-def _count_blocks(shapes: dict, prefix: str) -> int:
-    indices = {int(k[len(prefix) :].split(".")[0]) for k in shapes if k.startswith(prefix)}
-    return max(indices) + 1 if indices else 0
 
 
 def identify_flux2(names: dict[str, str], checkpoint: Checkpoint) -> None:

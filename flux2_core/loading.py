@@ -85,6 +85,47 @@ def load_checkpoint(
     return Loaded(module, config, checkpoint, description)
 
 
+MAX_BLOCKS = 512  # far beyond any model of the family (FLUX.2 [dev]: 48 single blocks; Qwen3: 36 layers)
+
+
+def block_count(keys, prefix: str, what: str, name: str, limit: int = MAX_BLOCKS) -> int:
+    """How many numbered blocks ``prefix{i}.`` the keys hold, checked before anything is built: indices
+    must run from 0 without a gap and stay under ``limit`` (a corrupt or hostile index cannot make the
+    loader build a million blocks)."""
+    indices = set()
+    for key in keys:
+        if key.startswith(prefix):
+            head = key[len(prefix) :].split(".", 1)[0]
+            if not head.isdigit():
+                raise Flux2Error(f"{name}: {key} has no valid block number: the file is corrupt")
+            indices.add(int(head))
+    if not indices:
+        return 0
+    count = max(indices) + 1
+    if count > limit:
+        raise Flux2Error(
+            f"{name} names {what} up to number {count - 1}, more than any model of this family has "
+            f"({limit}): the file is corrupt or not this kind of model"
+        )
+    if len(indices) != count:
+        gaps = sorted(set(range(count)) - indices)
+        raise Flux2Error(
+            f"{name} lacks {what} {', '.join(map(str, gaps[:4]))}{' ...' if len(gaps) > 4 else ''} of "
+            f"0..{count - 1}: the file is incomplete, download it again"
+        )
+    return count
+
+
+def weight_bytes(spec: ComponentSpec, path: str | Path, dtype: torch.dtype) -> tuple[Any, int, Checkpoint]:
+    """(config, bytes of the weights once loaded in ``dtype``, checkpoint) from the file headers alone."""
+    checkpoint = open_checkpoint(path, spec.component)
+    pieces, shapes = plan_checkpoint(spec, checkpoint)
+    config = spec.config(shapes, checkpoint)
+    itemsize = torch.finfo(dtype).bits // 8
+    total = sum(_numel(shape) for key, shape in shapes.items() if key in pieces and spec.wanted(key))
+    return config, total * itemsize, checkpoint
+
+
 def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> tuple[Plan, dict[str, tuple[int, ...]]]:
     """Our keys with their file pieces and shapes, from names and headers alone (nothing is read)."""
     names = {k: k for k in checkpoint.tensors}
@@ -126,10 +167,13 @@ def fill(module, pieces: Plan, tensors, shapes, dtype, device, spec: ComponentSp
                 f"{what}: tensor {key} has shape {list(shapes[key])}, expected {list(target.shape)}; "
                 "the file is not a consistent checkpoint"
             )
-        if target.is_floating_point() and not _is_float(tensor_dtype(tensors, pieces[key][0][0])):
+        file_key = pieces[key][0][0]
+        stored = tensor_dtype(tensors, file_key)
+        if target.is_floating_point() and not _is_float(stored):
+            kind = "quantized (packed integer) weights" if stored in _PACKED else "not a weight dtype"
             raise Flux2Error(
-                f"{what} stores {pieces[key][0][0]} as {tensor_dtype(tensors, pieces[key][0][0])}: it is a "
-                "quantized file this version cannot load; use the bf16 or fp32 .safetensors release"
+                f"{what} stores {file_key} as {stored}, {kind}, which this version cannot load: use the bf16 "
+                "or fp32 .safetensors release"
             )
     for key, target in expected.items():
         tensor = defaults[key]() if key in defaults else assemble(pieces[key], tensors, key, what)
@@ -193,6 +237,9 @@ def _numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         n *= s
     return n
+
+
+_PACKED = (torch.int8, torch.uint8, "I8", "U8", "F4", "F6_E2M3", "F6_E3M2", "F8_E8M0")
 
 
 def _is_float(dtype) -> bool:

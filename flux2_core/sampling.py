@@ -21,6 +21,7 @@ from .errors import Flux2Error
 from .flow import StepCallback, euler, make_noise, pack, start_from, truncate, unpack
 from .hooks import before_each, calling
 from .kv_cache import RefKVCache
+from .limits import check_request
 from .references import ReferenceLatents
 from .rope import image_ids, text_ids
 from .transformer import Flux2Model
@@ -60,16 +61,6 @@ def get_sigmas(num_steps: int, image_seq_len: int) -> torch.Tensor:
     return torch.cat([sigmas, torch.zeros(1)])
 
 
-def check_size(width: int, height: int) -> None:
-    low, multiple = FLUX2.min_size, FLUX2.size_multiple
-    for name, value in (("width", width), ("height", height)):
-        if value < low or value % multiple:
-            raise Flux2Error(
-                f"{name} {value} is not allowed: use a multiple of {multiple} of at least {low} "
-                f"(e.g. {max(low, value // multiple * multiple)})"
-            )
-
-
 def output_size(width: int | None, height: int | None, reference_size: tuple[int, int] | None = None):
     """(width, height) to sample: a side left at 0/None takes the first reference's (processed) size, or
     the family's default size without references."""
@@ -91,20 +82,29 @@ def check_conditioning(model: Flux2Model, conditioning: torch.Tensor, what: str 
 
 
 def estimate_memory(model: Flux2Model, settings: SampleSettings, references: ReferenceLatents | None) -> int:
-    """Rough peak bytes of activations (plus the KV cache) for one sampling run, beyond the weights.
+    """Rough peak bytes of activations (plus the KV cache) for one sampling run of a loaded model."""
+    num_ref = references.num_tokens if references is not None else 0
+    return sampling_memory(model.config, model.variant, model.transformer.dtype, settings, num_ref)
+
+
+def sampling_memory(
+    config, variant, dtype: torch.dtype, settings: SampleSettings, num_ref_tokens: int
+) -> int:
+    """Rough peak bytes of activations (plus the KV cache) beyond the weights, from shapes alone.
 
     A single block holds its fused input projection (9 x hidden per token) next to the residual stream, the
     modulated input, the float32 RoPE'd q and k, the attention output and the MLP product: about 24
     hidden-wide rows per token at the peak.
     """
-    config, m = model.config, FLUX2.size_multiple
-    itemsize = torch.finfo(model.transformer.dtype).bits // 8
-    num_ref = references.num_tokens if references is not None else 0
-    tokens = FLUX2.max_text_tokens + (settings.height // m) * (settings.width // m) + num_ref
+    m = FLUX2.size_multiple
+    itemsize = torch.finfo(dtype).bits // 8
+    tokens = FLUX2.max_text_tokens + (settings.height // m) * (settings.width // m) + num_ref_tokens
     activations = settings.batch_size * tokens * config.hidden_size * 24 * itemsize
     kv_cache = 0
-    if model.variant.kv_cache:  # K and V of every reference token in every block, kept for the whole run
-        kv_cache = 2 * num_ref * config.hidden_size * (config.depth + config.depth_single_blocks) * itemsize
+    if variant.kv_cache:  # K and V of every reference token in every block, kept for the whole run
+        kv_cache = (
+            2 * num_ref_tokens * config.hidden_size * (config.depth + config.depth_single_blocks) * itemsize
+        )
     return activations + kv_cache
 
 
@@ -133,9 +133,7 @@ def sample(
     ``strength`` < 1 begin part-way down the schedule from that latent instead of from pure noise.
     ``kv_cache`` is the references' K/V from ``encode_reference_kv`` (KV model), computed here if not given.
     """
-    check_size(settings.width, settings.height)
-    if settings.batch_size < 1:
-        raise Flux2Error(f"batch size is {settings.batch_size}: use at least 1")
+    check_request(*settings_numbers(settings))
     check_conditioning(model, positive)
     use_cfg = model.variant.uses_cfg and settings.guidance > 1.0
     if use_cfg and negative is None:
@@ -148,6 +146,13 @@ def sample(
     elif model.variant.guidance == "none" and settings.guidance > 1.0:
         log.warning(
             "guidance %g is ignored: %s models run without CFG", settings.guidance, model.variant.name
+        )
+    elif model.variant.uses_cfg:
+        log.info(
+            "guidance %g: CFG is off for this %s model (one pass per step, the negative prompt unused); "
+            "use guidance > 1 (about 4) for true CFG",
+            settings.guidance,
+            model.variant.name,
         )
     m = FLUX2.size_multiple
     grid = (settings.height // m, settings.width // m)
@@ -165,7 +170,19 @@ def sample(
     report = None if callback is None else (lambda step, total, x0: callback(step, total, unpack(x0, *grid)))
     with before_each(model.transformer.blocks(), calling(interrupt)):
         x = euler(denoise, x, sigmas, report)
+    if not torch.isfinite(x).all():
+        raise Flux2Error(
+            "sampling produced NaN or infinite values, so the image would be garbage. Likely causes: weights "
+            "holding NaN/inf (a corrupt or badly converted file: download it again), float16 overflowing "
+            "(use bfloat16 or float32), or an extreme guidance value (use about 4 for base models)"
+        )
     return unpack(x, *grid).cpu()
+
+
+def settings_numbers(settings: SampleSettings) -> tuple:
+    """(width, height, steps, guidance, seed, batch size) in the order ``limits.check_request`` takes."""
+    s = settings
+    return s.width, s.height, s.steps, s.guidance, s.seed, s.batch_size
 
 
 class KleinDenoiser:

@@ -23,10 +23,12 @@ from .configs import FLUX2, preset_name
 from .errors import Flux2Error
 from .hooks import before_each, calling
 from .keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
-from .loading import ComponentSpec, load_checkpoint, plan_checkpoint
+from .loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint
 from .ops import adopt_linears
 from .tokenizer import (
+    NUM_BPE_TOKENS,
     PAD_TOKEN_ID,
+    QWEN_ADDED_TOKENS,
     QWEN_CHAT_TEMPLATE,
     TextTokenizer,
     builtin_tokenizer,
@@ -58,6 +60,7 @@ KLEIN_QWEN3 = PromptSpec((9, 18, 27), FLUX2.max_text_tokens, QWEN_CHAT_TEMPLATE,
 QWEN3_HIDDEN_LAYERS = KLEIN_QWEN3.hidden_layers
 NUM_LAYERS_RUN = KLEIN_QWEN3.layers_run
 _LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
+QWEN_VOCAB_SIZE = NUM_BPE_TOKENS + len(QWEN_ADDED_TOKENS)  # 151669: every id the tokenizer can give
 
 
 @dataclass(frozen=True)
@@ -269,7 +272,13 @@ def qwen3_shape(shapes: dict[str, tuple[int, ...]], config: dict | None, what: s
     ``num_layers`` is the file's layer count, read from its keys before the unused layers are dropped.
     """
     vocab_size, hidden_size = shapes["embed_tokens.weight"]
-    num_layers = 1 + max(int(m.group(1)) for k in shapes if (m := _LAYER_KEY.match(k)))
+    if vocab_size < QWEN_VOCAB_SIZE:
+        raise Flux2Error(
+            f"{what} has {vocab_size} token embeddings, fewer than the {QWEN_VOCAB_SIZE} ids the Qwen "
+            "tokenizer gives (151643 BPE tokens + 26 added ones): it is not the Qwen3 text encoder FLUX.2 "
+            "[klein] needs"
+        )
+    num_layers = block_count(shapes, "layers.", "decoder layers", what)
     if num_layers < NUM_LAYERS_RUN:
         raise Flux2Error(
             f"{what} has only {num_layers} decoder layers; FLUX.2 [klein] reads hidden states after layer "

@@ -9,7 +9,6 @@ names; diffusers ``AutoencoderKLFlux2`` names are mapped by ``keymaps.VAE``.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
@@ -20,13 +19,14 @@ from .configs import preset_name
 from .errors import Flux2Error
 from .keymaps import BARE_DECODER, VAE, VAE_PREFIXES
 from .latent_format import BN_EPS, PatchedBatchNorm, denormalize, normalize, patchify, unpatchify
-from .loading import ComponentSpec, load_checkpoint, load_component, plan_checkpoint
+from .loading import ComponentSpec, block_count, load_checkpoint, load_component, plan_checkpoint
 from .vae_blocks import Decoder, Encoder, VAEConfig
 
 __all__ = ["AutoEncoder", "VAEConfig", "denormalize", "load_vae", "normalize", "patchify", "unpatchify"]
 
 FLUX2_VAE = VAEConfig()
 FLUX2_SMALL_DECODER_VAE = VAEConfig(decoder_ch=96)
+MAX_VAE_BLOCKS = 16  # levels, and resnet blocks per level (the FLUX VAEs have 4 and 2-3)
 VAE_PRESETS = {"FLUX.2 VAE": FLUX2_VAE, "FLUX.2 VAE with small decoder": FLUX2_SMALL_DECODER_VAE}
 
 
@@ -84,7 +84,21 @@ class AutoEncoder(nn.Module):
                 f"{list(latent.shape)}: connect a latent made by FLUX.2 (not an SD/FLUX.1 latent)"
             )
         z = self.latent_format.from_latent(latent.to(self.device), self.bn)
-        return self.decoder(z.to(self.dtype)).float()
+        pixels = self.decoder(z.to(self.dtype)).float()
+        if not torch.isfinite(pixels).all():
+            cause = (
+                "the latent holds NaN/inf"
+                if not torch.isfinite(latent).all()
+                else "the VAE overflowed in float16 or its weights hold NaN/inf: load it in bfloat16 or "
+                "float32, or download the VAE file again"
+            )
+            raise Flux2Error(f"decoding produced NaN or infinite pixels: {cause}")
+        return pixels
+
+    def decode_memory(self, height: int, width: int) -> int:
+        """Peak bytes of decoding one ``width x height`` image: the decoder's full-resolution level holds
+        about 6 maps of its width (measured 6.2 for a 2048^2 decode); 8 leaves a margin."""
+        return height * width * self.config.decoder_ch * 8 * (torch.finfo(self.dtype).bits // 8)
 
 
 def load_vae(
@@ -115,10 +129,10 @@ def vae_config(shapes: dict[str, tuple[int, ...]], name: str = "the VAE file") -
     if has_encoder:
         ch, in_channels = _shape(shapes, "encoder.conv_in.weight")[:2]
         enc_widths = _level_widths(shapes, "encoder.down")
-        num_res_blocks = _count(shapes, r"encoder\.down\.0\.block\.(\d+)\.")
+        num_res_blocks = _count(shapes, "encoder.down.0.block.")
     else:  # decoder-only: mirror the decoder, which is all that gets built
         ch, in_channels, enc_widths = dec_widths[0], 3, dec_widths
-        num_res_blocks = _count(shapes, r"decoder\.up\.0\.block\.(\d+)\.") - 1
+        num_res_blocks = _count(shapes, "decoder.up.0.block.") - 1
     return VAEConfig(
         ch=ch,
         ch_mult=_mult(enc_widths, ch),
@@ -200,13 +214,13 @@ def _shape(shapes: dict[str, tuple[int, ...]], key: str) -> tuple[int, ...]:
     return tuple(shapes[key])
 
 
-def _count(shapes, pattern: str) -> int:
-    """How many distinct indices the first group of ``pattern`` takes over the keys."""
-    return len({m[1] for k in shapes if (m := re.match(pattern, k))})
+def _count(shapes, prefix: str) -> int:
+    """How many numbered blocks ``prefix{i}.`` there are (contiguous from 0, bounded: ``block_count``)."""
+    return block_count(shapes, prefix, "VAE blocks", "the VAE file", limit=MAX_VAE_BLOCKS)
 
 
 def _level_widths(shapes, prefix: str) -> list[int]:
-    levels = _count(shapes, re.escape(prefix) + r"\.(\d+)\.")
+    levels = _count(shapes, prefix + ".")
     return [_shape(shapes, f"{prefix}.{i}.block.0.conv2.weight")[0] for i in range(max(levels, 1))]
 
 

@@ -150,7 +150,9 @@ class AttnBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h, w = x.shape[-2:]
         hn = self.norm(x)
-        q, k, v = (rearrange(f(hn), "b c h w -> b 1 (h w) c") for f in (self.q, self.k, self.v))
+        # Contiguous q/k/v: strided ones make SDPA fall back to its math kernel, which builds the whole
+        # (HW)^2 score matrix (17 GB for a 2048^2 image); the fused kernels keep memory linear in pixels.
+        q, k, v = (rearrange(f(hn), "b c h w -> b 1 (h w) c").contiguous() for f in (self.q, self.k, self.v))
         out = F.scaled_dot_product_attention(q, k, v)  # [B, 1, H*W, C], scale 1/sqrt(C)
         return x + self.proj_out(rearrange(out, "b 1 (h w) c -> b c h w", h=h, w=w))
 

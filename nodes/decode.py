@@ -29,9 +29,7 @@ class Flux2KleinDecode:
     def decode(self, vae: types.KleinVAE, latent: dict):
         samples = convert.latent_samples(latent)
         height, width = samples.shape[-2] * FLUX2.size_multiple, samples.shape[-1] * FLUX2.size_multiple
-        # Full-resolution activations of the decoder's first level dominate: about 6 maps of its width.
-        itemsize = torch.finfo(vae.vae.dtype).bits // 8
-        host.load(vae.patcher, height * width * vae.vae.config.decoder_ch * 6 * itemsize)
+        host.load(vae.patcher, vae.vae.decode_memory(height, width))
         # One image at a time: decoding at full resolution is the VAE's memory peak.
         device = host.intermediate_device()
         with host.out_of_memory(f"decoding {width}x{height}", "decode a smaller image or fewer at once"):

@@ -107,6 +107,13 @@ def out_of_memory(what: str, advice: str):
         raise Flux2Error(f"out of memory while {what}: {advice}") from None
 
 
+def free_memory(device: torch.device) -> int:
+    """Bytes ComfyUI counts as free on ``device`` (after it evicted what it could for the last load)."""
+    import comfy.model_management as mm
+
+    return mm.get_free_memory(device)
+
+
 def unload(patcher) -> None:
     """Send the module back to its offload device and drop it from ComfyUI's list of loaded models."""
     import comfy.model_management as mm

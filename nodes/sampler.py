@@ -6,13 +6,24 @@ guidance > 1, and the cached reference K/V of the 9B-KV model when references ar
 
 from __future__ import annotations
 
-from ..flux2_core import FLUX2, SampleSettings, estimate_memory, sample
+from ..flux2_core import (
+    FLUX2,
+    MAX_BATCH,
+    MAX_GUIDANCE,
+    MAX_SEED,
+    MAX_SIZE,
+    MAX_STEPS,
+    SampleSettings,
+    check_fits,
+    check_request,
+    estimate_memory,
+    sample,
+    settings_numbers,
+)
 from . import convert, host, types
 from .types import socket
 
-MAX_SIZE = 8192
 MIN_SIZE, SIZE_MULTIPLE = FLUX2.min_size, FLUX2.size_multiple
-MAX_SEED = 0xFFFFFFFFFFFFFFFF
 
 TOOLTIPS = {
     "model": "From FLUX.2 [klein] Model Loader.",
@@ -56,11 +67,13 @@ class Flux2KleinSampler:
                 "seed": socket(
                     "INT", TOOLTIPS["seed"], default=0, min=0, max=MAX_SEED, control_after_generate=True
                 ),
-                "steps": socket("INT", TOOLTIPS["steps"], default=4, min=1, max=200),
-                "guidance": socket("FLOAT", TOOLTIPS["guidance"], default=1.0, min=0.0, max=30.0, step=0.1),
+                "steps": socket("INT", TOOLTIPS["steps"], default=4, min=1, max=MAX_STEPS),
+                "guidance": socket(
+                    "FLOAT", TOOLTIPS["guidance"], default=1.0, min=0.0, max=MAX_GUIDANCE, step=0.1
+                ),
                 "width": socket("INT", TOOLTIPS["width"], **size),
                 "height": socket("INT", TOOLTIPS["height"], **size),
-                "batch_size": socket("INT", TOOLTIPS["batch_size"], default=1, min=1, max=64),
+                "batch_size": socket("INT", TOOLTIPS["batch_size"], default=1, min=1, max=MAX_BATCH),
             },
             "optional": {
                 "negative": socket(types.CONDITIONING, TOOLTIPS["negative"]),
@@ -99,8 +112,12 @@ class Flux2KleinSampler:
     ):
         width, height, batch_size = convert.output_size(width, height, batch_size, references, latent)
         settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
-        host.load(model.patcher, estimate_memory(model.model, settings, references))
+        check_request(*settings_numbers(settings))  # linked values skip the widget ranges
+        required = estimate_memory(model.model, settings, references)
+        host.load(model.patcher, required)
         advice = "lower width/height, the batch size, the number of references or their max_megapixels"
+        device = model.patcher.load_device
+        check_fits(required, device, f"sampling {width}x{height}", advice, free=host.free_memory(device))
         with host.out_of_memory(f"sampling {width}x{height}", advice):
             samples = sample(
                 model.model,

@@ -46,12 +46,14 @@ class FakeHost:
     previews_enabled: bool = True
     interrupted: bool = False
     on_progress: object = None  # optional hook(value, total), e.g. to press cancel mid-run
+    free_memory: int = 64 * 1024**3  # what get_free_memory reports for any device
 
     def reset(self) -> None:
         self.progress.clear()
         self.loads.clear()
         self.unloads.clear()
         self.previews_enabled, self.interrupted, self.on_progress = True, False, None
+        self.free_memory = 64 * 1024**3
 
     def folder(self, name: str) -> Path:
         return self.models_dir / name
@@ -163,6 +165,7 @@ class FakeHost:
                 raise InterruptProcessingException()
 
         module.load_models_gpu = load_models_gpu
+        module.get_free_memory = lambda dev=None, torch_free_too=False: host.free_memory
         module.unload_model_and_clones = unload_model_and_clones
         module.interrupt_current_processing = interrupt_current_processing
         module.processing_interrupted = lambda: host.interrupted

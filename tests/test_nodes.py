@@ -382,3 +382,25 @@ def test_kv_model_with_references(nodes, loaded):
 def test_sampler_rejects_a_bad_size_at_run_time(nodes, loaded, Flux2Error):
     with pytest.raises(Flux2Error, match="multiple of 16"):
         run_sampler(nodes, loaded, latent={"samples": torch.zeros(1, 128, 2, 2)})  # 32 x 32 px
+
+
+def test_linked_values_out_of_range_are_node_errors(nodes, loaded, host, Flux2Error):
+    # A value from a linked node skips ComfyUI's widget ranges; the sampler checks it before loading.
+    with pytest.raises(Flux2Error, match="steps is 1000: use 1 to 200"):
+        run_sampler(nodes, loaded, steps=1000)
+    with pytest.raises(Flux2Error, match="seed -5 is out of range"):
+        run_sampler(nodes, loaded, seed=-5)
+    assert host.loads == []
+
+
+def test_a_run_that_cannot_fit_is_refused_before_sampling_and_the_next_one_runs(
+    nodes, loaded, host, Flux2Error
+):
+    expected = run_sampler(nodes, loaded, width=96, height=64)
+    host.free_memory = 1024**2
+    host.progress.clear()
+    with pytest.raises(Flux2Error, match=r"sampling 96x64 needs about .* GB but CPU memory has 0.0 GB free"):
+        run_sampler(nodes, loaded, width=96, height=64)
+    assert host.progress == []  # no step ran
+    host.free_memory = 64 * 1024**3
+    torch.testing.assert_close(run_sampler(nodes, loaded, width=96, height=64), expected, atol=0, rtol=0)

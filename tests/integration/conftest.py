@@ -77,6 +77,7 @@ TEXT_FILES = {
 ATTENTION_BOOST = 3.0  # see sharpen_attention
 VAE_FILE = "flux2-vae.safetensors"
 NOT_A_DIT = "not-a-dit.safetensors"
+MILLION_BLOCKS = "corrupt-million-blocks.safetensors"  # one tensor claiming block 1000000
 
 # Reference images (width, height) written to disk and uploaded by the tests.
 REFERENCE_SIZES = [(96, 64), (64, 80), (80, 80), (112, 80)]
@@ -127,6 +128,7 @@ def sharpen_attention(dit, factor: float = ATTENTION_BOOST):
 def write_models(models: Path) -> dict[str, Path]:
     """Tiny random weights under the official names; returns {file name: path}."""
     import torch
+    from safetensors.torch import load_file, save_file
     from tiny_dit import make_diffusers_dit
     from tiny_dit import write_bfl_file as write_dit
     from tiny_text import make_tiny_qwen3, write_comfy_file
@@ -151,6 +153,12 @@ def write_models(models: Path) -> dict[str, Path]:
     sd = {k: v.to(torch.bfloat16) if not k.startswith("bn.") else v for k, v in sd.items()}
     paths[VAE_FILE] = write_vae(sd, models / "vae" / VAE_FILE)
     paths[NOT_A_DIT] = Path(shutil.copyfile(paths[VAE_FILE], models / "diffusion_models" / NOT_A_DIT))
+    hostile = load_file(
+        str(paths["flux-2-klein-4b.safetensors"])
+    )  # a good model plus one tensor of block 10^6
+    hostile["double_blocks.1000000.img_attn.qkv.weight"] = torch.zeros(3, 1)
+    paths[MILLION_BLOCKS] = models / "diffusion_models" / MILLION_BLOCKS
+    save_file(hostile, str(paths[MILLION_BLOCKS]))
     return paths
 
 

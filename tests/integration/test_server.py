@@ -288,6 +288,42 @@ def test_width_not_a_multiple_of_16_is_rejected_at_prompt(comfy):
     assert "width 1000 is not allowed" in text and "multiple of 16" in text, text
 
 
+def test_bad_requests_between_good_ones_leave_the_server_serving_the_same_image(comfy):
+    """Rejected prompts and failing nodes change nothing: the same good request gives the same pixels."""
+    kc = comfy.kc
+
+    def pixels(seed: int) -> np.ndarray:
+        (image,) = comfy.images(comfy.run(small_text_to_image(comfy, seed=seed), timeout=120)).values()
+        return np.asarray(image.convert("RGB"))
+
+    before = pixels(3)
+    sampler = kc.nodes_of_type(small_text_to_image(comfy), kc.SAMPLER)[0]
+    for rejected in (small_text_to_image(comfy, width=1000), small_text_to_image(comfy, seed=-1)):
+        status, body = comfy.submit(rejected)
+        assert status == 400 and sampler in body["node_errors"], body
+    failing = [
+        (
+            "1",
+            "model_name",
+            "corrupt-million-blocks.safetensors",
+            "Flux2KleinModelLoader",
+            "up to number 1000000",
+        ),
+        ("1", "model_name", "not-a-dit.safetensors", "Flux2KleinModelLoader", "is a VAE"),
+        ("2", "text_encoder_name", "qwen_3_8b.safetensors", "Flux2KleinSampler", "needs"),
+    ]
+    for node, name, value, node_type, expected in failing:
+        wf = small_text_to_image(comfy)
+        wf[node]["inputs"][name] = value
+        started = time.monotonic()
+        message = _flux2_error_message(comfy, wf, node_type)
+        assert expected in message, message
+        assert time.monotonic() - started < 60, f"{value} took {time.monotonic() - started:.0f} s to fail"
+    other = pixels(4)  # another seed first, so the sampler really runs again for seed 3
+    assert not np.array_equal(other, before)
+    assert np.array_equal(pixels(3), before)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 5. Editor-format workflows against the schemas the server reports
 
