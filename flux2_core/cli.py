@@ -100,6 +100,11 @@ def generate(args: argparse.Namespace) -> list[Path]:
             f"--reference-max-pixels {args.reference_max_pixels} is too small: give at least "
             f"{MIN_REFERENCE_PIXELS} (64 x 64), e.g. {MAX_REFERENCE_PIXELS} for 1024 x 1024"
         )
+    for name in ("width", "height"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:  # 0 is no "default" here
+            raise Flux2Error(
+                f"--{name} {getattr(args, name)} is not a size: give a multiple of 16, or leave it out"
+            )
     max_pixels = args.reference_max_pixels or MAX_REFERENCE_PIXELS
     images = [_open_image(p) for p in args.reference]
     sizes = [processed_size(*_size(image), max_pixels) for image in images]

@@ -306,6 +306,7 @@ def _bad_cli_cases(files, tmp_path):
         (["--device", "cuda"] if not torch.cuda.is_available() else ["--device", "cuda:99"], "--device cuda"),
         (["--device", "toaster"], "--device toaster is not a device name"),
         (["--width", "8208"], "at most 8192"),
+        (["--height", "0"], "--height 0 is not a size"),
         (["--batch-size", "0"], "batch size is 0"),
         (["--output", str(tmp_path)], "is a folder: give a file name"),
         (["--output", str(tmp_path / "out.txt")], "has no image extension"),
