@@ -98,8 +98,11 @@ class Checkpoint:
 
 
 def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
-    """Open the safetensors weights of ``component`` ("transformer", "text_encoder" or "vae") at ``path``."""
-    path = Path(path).expanduser()
+    """Open the safetensors weights of ``component`` ("transformer", "text_encoder" or "vae") at ``path``:
+    a file, a folder, or a Hugging Face Hub id (``org/repo``, ``org/repo@revision``, ``org/repo/file``)."""
+    from .hub import local_path
+
+    path = local_path(path, component)
     what = component.replace("_", " ")
     if not path.exists():
         raise Flux2Error(f"{path} does not exist: check the path of the {what} file")

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from .configs import FLUX2, KLEIN_VARIANTS
 from .errors import Flux2Error
+from .hub import DEFAULT_MODEL
 from .limits import check_fits
 from .loading import weight_bytes
 from .sampling import sampling_memory
@@ -27,6 +28,7 @@ from .sampling import sampling_memory
 log = logging.getLogger("flux2_core")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_OUTPUT = "flux2-klein.png"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,9 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="text-to-image, or editing with --reference images")
-    gen.add_argument("--model", required=True, help="DiT: .safetensors file or diffusers folder")
-    gen.add_argument("--text-encoder", required=True, help="Qwen3 text encoder: file or folder")
-    gen.add_argument("--vae", required=True, help="FLUX.2 VAE: file or folder")
+    where = "a .safetensors file, a folder, or a Hugging Face id (org/repo[@revision][/file])"
+    gen.add_argument("--model", default=DEFAULT_MODEL, help=f"DiT: {where}; default {DEFAULT_MODEL}")
+    gen.add_argument(
+        "--text-encoder",
+        default=None,
+        help=f"Qwen3 text encoder: {where}; default: the model's repo if it has one, else the official "
+        "repo that pairs with the model (klein 4B: Qwen3-4B, klein 9B: Qwen3-8B)",
+    )
+    gen.add_argument("--vae", default=None, help=f"FLUX.2 VAE: {where}; default: as for --text-encoder")
     gen.add_argument("--prompt", required=True)
     gen.add_argument(
         "--negative", default=None, help="negative prompt for base models (default: empty prompt)"
@@ -57,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default=None, choices=list(DTYPES), help="default: bfloat16 on GPU, float32 on CPU"
     )
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    gen.add_argument("--output", required=True, help="output PNG path")
+    gen.add_argument(
+        "--output", default=DEFAULT_OUTPUT, help=f"image file, .png/.jpg/.webp (default {DEFAULT_OUTPUT})"
+    )
     return parser
 
 
@@ -111,11 +121,12 @@ def generate(args: argparse.Namespace) -> list[Path]:
     width, height = output_size(args.width, args.height, sizes[0] if sizes else None)
     config, dit_bytes, checkpoint = weight_bytes(DIT_SPEC, args.model, dtype)
     variant = transformer_variant(checkpoint, config, args.variant)
+    text_encoder, vae_path = _companions(args, config.context_in_dim)
     steps = variant.default_steps if args.steps is None else args.steps
     guidance = variant.default_guidance if args.guidance is None else args.guidance
     settings = SampleSettings(width, height, steps, guidance, args.seed, args.batch_size)
     check_request(*settings_numbers(settings))
-    _, te_bytes, _ = weight_bytes(QWEN3_SPEC, args.text_encoder, dtype)
+    _, te_bytes, _ = weight_bytes(QWEN3_SPEC, text_encoder, dtype)
     num_ref_tokens = sum(w * h for w, h in sizes) // FLUX2.size_multiple**2
     activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens)
     _check_memory(
@@ -125,7 +136,7 @@ def generate(args: argparse.Namespace) -> list[Path]:
 
     # 2. Text first, then the encoder leaves the device; references; sampling; decoding.
     model = load_transformer(args.model, variant=args.variant, dtype=dtype, device="cpu")
-    encoder = load_text_encoder(args.text_encoder, dtype=dtype, device=device)
+    encoder = load_text_encoder(text_encoder, dtype=dtype, device=device)
     prompts = [args.prompt]
     if model.variant.uses_cfg and guidance > 1.0:
         prompts.append(args.negative or "")
@@ -135,7 +146,7 @@ def generate(args: argparse.Namespace) -> list[Path]:
     del encoder
     _release(device)
 
-    vae = load_vae(args.vae, dtype=torch.float32, device=device)
+    vae = load_vae(vae_path, dtype=torch.float32, device=device)
     references = encode_references(vae, images, max_pixels) if images else None
     model.transformer.to(device)
     log.info(
@@ -166,6 +177,37 @@ def generate(args: argparse.Namespace) -> list[Path]:
 
 MIN_REFERENCE_PIXELS = 64 * 64
 IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
+
+
+def _companions(args: argparse.Namespace, context_width: int) -> tuple[str, str]:
+    """The text encoder and VAE to use: as given, else from the model's own Hub repo when it has them, else
+    from the official repo that pairs with the model's text width."""
+    from .hub import PAIRED_REPOS, MissingComponent, local_path, parse
+
+    given = {"text_encoder": args.text_encoder, "vae": args.vae}
+    if all(given.values()):
+        return args.text_encoder, args.vae
+    ref = parse(args.model)
+    source = None
+    if ref is not None and not ref.filename:
+        try:
+            for component, value in given.items():
+                if value is None:
+                    local_path(args.model, component)
+            source = args.model
+        except MissingComponent:
+            source = None
+    if source is None:
+        source = PAIRED_REPOS.get(context_width)
+        if source is None:
+            raise Flux2Error(
+                f"no official text encoder pairs with a DiT reading {context_width}-wide text: give "
+                "--text-encoder and --vae"
+            )
+        log.info("text encoder and VAE: from %s, the official pairing for this model", source)
+    else:
+        log.info("text encoder and VAE: from %s, the model's own repository", source)
+    return args.text_encoder or source, args.vae or source
 
 
 def _device(name: str | None) -> torch.device:
