@@ -1,5 +1,5 @@
 """Hugging Face Hub ids in the command line and the core, against a hub cache laid out as huggingface_hub
-lays it out (models--org--name/refs/main -> snapshots/<commit>/...), holding tiny models in diffusers layout."""
+lays it out (models--org--name/refs/main -> snapshots/<commit>/...), with tiny models in diffusers layout."""
 
 import json
 import logging
