@@ -106,6 +106,9 @@ def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
     what = component.replace("_", " ")
     if not path.exists():
         raise Flux2Error(f"{path} does not exist: check the path of the {what} file")
+    if path.is_file() and _shard_index_naming(path) is not None:
+        log.info("%s is one shard of %s: loading every shard", path.name, path.parent)
+        path = path.parent  # e.g. one shard of an HF Qwen3 folder picked from ComfyUI's file list
     if path.is_file():
         _check_suffix(path)
         # A weights file inside a diffusers repository (repo/transformer/x.safetensors) or beside its index.
@@ -169,6 +172,18 @@ def _check_suffix(path: Path) -> None:
         raise Flux2Error(
             f"{path.name} is not a .safetensors file: only safetensors checkpoints are supported"
         )
+
+
+def _shard_index_naming(file: Path) -> Path | None:
+    """The ``*.safetensors.index.json`` beside ``file`` whose weight map names it, if any."""
+    for index in sorted(file.parent.glob("*.safetensors.index.json")):
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(weight_map, dict) and file.name in weight_map.values():
+            return index
+    return None
 
 
 def _shard_files(folder: Path) -> list[Path]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..flux2_core import KLEIN_VARIANTS, load_text_encoder, load_transformer, load_vae
+from ..flux2_core import KLEIN_VARIANTS, Flux2Error, load_text_encoder, load_transformer, load_vae
 from . import host, types
+from .model_files import empty_folder_entry, empty_folder_message
 from .types import socket
 
 VARIANTS = ("auto", *KLEIN_VARIANTS)
@@ -31,6 +32,17 @@ TOOLTIPS = {
 }
 
 
+def _choices(folder: str) -> list[str]:
+    """The folder's files; an empty folder shows one entry saying so (an empty list cannot be queued)."""
+    return host.filenames(folder) or [empty_folder_entry(folder)]
+
+
+def _path(folder: str, name: str) -> str:
+    if name == empty_folder_entry(folder) and not host.filenames(folder):
+        raise Flux2Error(empty_folder_message(folder))
+    return host.full_path(folder, name)
+
+
 class Flux2KleinModelLoader:
     DESCRIPTION = (
         "Loads a FLUX.2 [klein] diffusion model (4B, 9B, base or 9B-KV) from models/diffusion_models."
@@ -45,7 +57,7 @@ class Flux2KleinModelLoader:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "model_name": socket(host.filenames("diffusion_models"), TOOLTIPS["model_name"]),
+                "model_name": socket(_choices("diffusion_models"), TOOLTIPS["model_name"]),
                 "variant": socket(list(VARIANTS), TOOLTIPS["variant"], default="auto"),
             },
             "optional": {
@@ -58,7 +70,7 @@ class Flux2KleinModelLoader:
     def load(self, model_name: str, variant: str, weight_dtype: str = "default"):
         load_device, offload_device = host.devices("diffusion_model")
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
-        path = host.full_path("diffusion_models", model_name)
+        path = _path("diffusion_models", model_name)
         model = load_transformer(path, variant=variant, dtype=dtype, device=offload_device)
         return (types.KleinModel(model, host.manage(model.transformer, load_device, offload_device)),)
 
@@ -78,14 +90,14 @@ class Flux2KleinTextEncoderLoader:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "text_encoder_name": socket(host.filenames("text_encoders"), TOOLTIPS["text_encoder_name"]),
+                "text_encoder_name": socket(_choices("text_encoders"), TOOLTIPS["text_encoder_name"]),
             },
             "optional": {"device": socket(["default", "cpu"], TOOLTIPS["device"], default="default")},
         }
 
     def load(self, text_encoder_name: str, device: str = "default"):
         load_device, offload_device = host.devices("text_encoder", cpu=device == "cpu")
-        path = host.full_path("text_encoders", text_encoder_name)
+        path = _path("text_encoders", text_encoder_name)
         encoder = load_text_encoder(path, dtype=host.default_dtype(load_device), device=offload_device)
         return (types.KleinTextEncoder(encoder, host.manage(encoder.model, load_device, offload_device)),)
 
@@ -100,10 +112,10 @@ class Flux2KleinVAELoader:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"vae_name": socket(host.filenames("vae"), TOOLTIPS["vae_name"])}}
+        return {"required": {"vae_name": socket(_choices("vae"), TOOLTIPS["vae_name"])}}
 
     def load(self, vae_name: str):
         load_device, offload_device = host.devices("vae")
-        path = host.full_path("vae", vae_name)
+        path = _path("vae", vae_name)
         vae = load_vae(path, dtype=host.vae_dtype(load_device), device=offload_device)
         return (types.KleinVAE(vae, host.manage(vae, load_device, offload_device)),)

@@ -142,57 +142,20 @@ NODE_SPECS: dict[str, NodeSpec] = {
 }
 
 # ----------------------------------------------------------------------------------------------------
-# Model files. URLs are the ones ComfyUI's official klein templates use; files the templates do not ship
-# (the 9B bf16 files) have no URL here rather than a guessed one.
-
-HF = "https://huggingface.co"
+# Model files: one table in the pack (nodes/model_files.py), read here without importing the pack.
 
 
-@dataclass(frozen=True)
-class ModelFile:
-    name: str
-    directory: str  # ComfyUI models sub-folder
-    url: str | None
-    source: str  # where to get it, for the note
+def _model_files():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("model_files", REPO / "nodes" / "model_files.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model_files"] = module  # dataclasses look the module up while building the class
+    spec.loader.exec_module(module)
+    return module.FILES
 
 
-FILES = {
-    f.name: f
-    for f in (
-        ModelFile(
-            "flux-2-klein-4b.safetensors",
-            "diffusion_models",
-            f"{HF}/Comfy-Org/flux2-klein/resolve/main/split_files/diffusion_models/flux-2-klein-4b.safetensors",
-            f"[Comfy-Org/flux2-klein]({HF}/Comfy-Org/flux2-klein) (Apache-2.0)",
-        ),
-        ModelFile(
-            "flux-2-klein-base-4b.safetensors",
-            "diffusion_models",
-            f"{HF}/Comfy-Org/flux2-klein/resolve/main/split_files/diffusion_models/flux-2-klein-base-4b.safetensors",
-            f"[Comfy-Org/flux2-klein]({HF}/Comfy-Org/flux2-klein) (Apache-2.0)",
-        ),
-        ModelFile(
-            "flux-2-klein-9b-kv.safetensors",
-            "diffusion_models",
-            None,
-            f"[black-forest-labs/FLUX.2-klein-9b-kv]({HF}/black-forest-labs/FLUX.2-klein-9b-kv) "
-            "(FLUX non-commercial licence)",
-        ),
-        ModelFile(
-            "qwen_3_4b.safetensors",
-            "text_encoders",
-            f"{HF}/Comfy-Org/flux2-klein/resolve/main/split_files/text_encoders/qwen_3_4b.safetensors",
-            f"[Comfy-Org/flux2-klein]({HF}/Comfy-Org/flux2-klein) (Qwen3-4B)",
-        ),
-        ModelFile("qwen_3_8b.safetensors", "text_encoders", None, "Qwen3-8B text encoder, bf16 single file"),
-        ModelFile(
-            "flux2-vae.safetensors",
-            "vae",
-            f"{HF}/Comfy-Org/flux2-dev/resolve/main/split_files/vae/flux2-vae.safetensors",
-            f"[Comfy-Org/flux2-dev]({HF}/Comfy-Org/flux2-dev)",
-        ),
-    )
-}
+FILES = _model_files()
 
 
 def models_property(filename: str) -> list[dict]:
@@ -200,7 +163,7 @@ def models_property(filename: str) -> list[dict]:
     entry = {"name": f.name}
     if f.url:
         entry["url"] = f.url
-    entry["directory"] = f.directory
+    entry["directory"] = f.folder
     return [entry]
 
 
@@ -439,7 +402,7 @@ class Recipe:
 def _note(r: Recipe) -> str:
     files = [FILES[r.dit], FILES[r.text_encoder], FILES["flux2-vae.safetensors"]]
     rows = "\n".join(
-        f"| `{f.name}` | `models/{f.directory}` | {f.source}"
+        f"| `{f.name}` | `models/{f.folder}` | {f.source}"
         + (f", [direct link]({f.url})" if f.url else "")
         + " |"
         for f in files

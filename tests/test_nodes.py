@@ -404,3 +404,27 @@ def test_a_run_that_cannot_fit_is_refused_before_sampling_and_the_next_one_runs(
     assert host.progress == []  # no step ran
     host.free_memory = 64 * 1024**3
     torch.testing.assert_close(run_sampler(nodes, loaded, width=96, height=64), expected, atol=0, rtol=0)
+
+
+def test_an_empty_folder_says_so_in_the_list_and_the_loader_names_the_file_and_its_link(
+    nodes, pack, fake_host, Flux2Error
+):
+    folder = fake_host.folder("vae")
+    aside = folder.parent / "aside"
+    aside.mkdir(exist_ok=True)
+    moved = [f.rename(aside / f.name) for f in list(folder.iterdir())]
+    try:
+        choices = pack.NODE_CLASS_MAPPINGS["Flux2KleinVAELoader"].INPUT_TYPES()["required"]["vae_name"][0]
+        assert choices == ["(models/vae is empty: get flux2-vae.safetensors)"]
+        link = "https://huggingface.co/Comfy-Org/flux2-dev/resolve/main/split_files/vae/flux2-vae.safetensors"
+        with pytest.raises(
+            Flux2Error, match="folder holds no model file: download flux2-vae.safetensors"
+        ) as e:
+            nodes["Flux2KleinVAELoader"].load(choices[0])
+        assert link in str(e.value) and "into ComfyUI/models/vae/" in str(e.value)
+    finally:
+        for f in moved:
+            f.rename(folder / f.name)
+    assert pack.NODE_CLASS_MAPPINGS["Flux2KleinVAELoader"].INPUT_TYPES()["required"]["vae_name"][0] == [
+        "flux2_tiny_vae.safetensors"
+    ]

@@ -309,6 +309,16 @@ def _check_import_log(log: str) -> None:
 
 @pytest.fixture(scope="session")
 def comfy(tmp_path_factory) -> ComfyServer:
+    yield from _serve(tmp_path_factory, with_models=True)
+
+
+@pytest.fixture(scope="module")
+def empty_comfy(tmp_path_factory) -> ComfyServer:
+    """A second server whose model folders are empty, as on a newcomer's first start."""
+    yield from _serve(tmp_path_factory, with_models=False)
+
+
+def _serve(tmp_path_factory, with_models: bool):
     comfyui_path = os.environ.get("COMFYUI_PATH")
     if not comfyui_path:
         pytest.skip(SKIP_REASON)
@@ -323,7 +333,7 @@ def comfy(tmp_path_factory) -> ComfyServer:
         (base / sub).mkdir()
     (base / "custom_nodes" / PACK_LINK).symlink_to(REPO, target_is_directory=True)
     (base / "custom_nodes" / TEST_PACK_LINK).symlink_to(TEST_PACK, target_is_directory=True)
-    models = write_models(base / "models")
+    models = write_models(base / "models") if with_models else {}
     references = {}
     for width, height in REFERENCE_SIZES:
         path = base / "references" / f"reference_{width}x{height}.png"

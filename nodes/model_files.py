@@ -1,0 +1,90 @@
+"""Where the files the pack runs come from: repo, licence, size, ComfyUI folder and a direct link.
+
+One table for the loaders (an empty folder names the file to get and its link), the bundled workflows
+(their per-node ``models`` download entries, which ComfyUI's frontend offers when a file is missing) and
+the README. Links are those of ComfyUI's official klein templates or the BFL repos; a file no known repo
+ships as a single file has no link rather than a guessed one. Sizes are bf16 files, from the parameter
+counts. Nothing in the pack downloads by itself. Imports nothing, so scripts can read it without ComfyUI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HF = "https://huggingface.co"
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    name: str
+    folder: str  # ComfyUI models sub-folder
+    url: str | None  # direct download link
+    repo: str  # "org/name" on the Hugging Face Hub
+    licence: str
+    size_gb: float
+    what: str
+
+    @property
+    def repo_url(self) -> str:
+        return f"{HF}/{self.repo}"
+
+    @property
+    def source(self) -> str:
+        """Markdown: the repo link and the licence."""
+        return f"[{self.repo}]({self.repo_url}) ({self.licence})"
+
+
+def _comfy(repo: str, folder: str, name: str) -> str:
+    return f"{HF}/{repo}/resolve/main/split_files/{folder}/{name}"
+
+
+APACHE, FLUX_NC = "Apache-2.0", "FLUX non-commercial licence"
+FILES = {
+    f.name: f
+    for f in (
+        ModelFile("flux-2-klein-4b.safetensors", "diffusion_models",
+                  _comfy("Comfy-Org/flux2-klein", "diffusion_models", "flux-2-klein-4b.safetensors"),
+                  "Comfy-Org/flux2-klein", APACHE, 7.75, "klein 4B, distilled"),
+        ModelFile("flux-2-klein-base-4b.safetensors", "diffusion_models",
+                  _comfy("Comfy-Org/flux2-klein", "diffusion_models", "flux-2-klein-base-4b.safetensors"),
+                  "Comfy-Org/flux2-klein", APACHE, 7.75, "klein 4B base"),
+        ModelFile("flux-2-klein-9b.safetensors", "diffusion_models",
+                  f"{HF}/black-forest-labs/FLUX.2-klein-9B/resolve/main/flux-2-klein-9b.safetensors",
+                  "black-forest-labs/FLUX.2-klein-9B", FLUX_NC, 18.2, "klein 9B, distilled (gated)"),
+        ModelFile("flux-2-klein-base-9b.safetensors", "diffusion_models",
+                  f"{HF}/black-forest-labs/FLUX.2-klein-base-9B/resolve/main/flux-2-klein-base-9b.safetensors",
+                  "black-forest-labs/FLUX.2-klein-base-9B", FLUX_NC, 18.2, "klein 9B base"),
+        ModelFile("flux-2-klein-9b-kv.safetensors", "diffusion_models", None,
+                  "black-forest-labs/FLUX.2-klein-9b-kv", FLUX_NC, 18.2, "klein 9B-KV"),
+        ModelFile("qwen_3_4b.safetensors", "text_encoders",
+                  _comfy("Comfy-Org/flux2-klein", "text_encoders", "qwen_3_4b.safetensors"),
+                  "Comfy-Org/flux2-klein", APACHE, 8.0, "Qwen3-4B, for every 4B model"),
+        ModelFile("qwen_3_8b.safetensors", "text_encoders", None, "Qwen/Qwen3-8B", APACHE, 16.4,
+                  "Qwen3-8B, for every 9B model: no repo ships it as one file; put the repo's folder (its "
+                  "shards, index and config.json) in models/text_encoders and pick any of its shards"),
+        ModelFile("flux2-vae.safetensors", "vae",
+                  _comfy("Comfy-Org/flux2-dev", "vae", "flux2-vae.safetensors"),
+                  "Comfy-Org/flux2-dev", APACHE, 0.17, "the FLUX.2 VAE, for every model"),
+    )
+}  # fmt: skip
+
+# The file a newcomer gets first for each folder the loaders read.
+FIRST_FILE = {
+    "diffusion_models": "flux-2-klein-4b.safetensors",
+    "text_encoders": "qwen_3_4b.safetensors",
+    "vae": "flux2-vae.safetensors",
+}
+
+
+def empty_folder_entry(folder: str) -> str:
+    """What a loader's list shows when its folder holds no file: the list is never empty."""
+    return f"(models/{folder} is empty: get {FIRST_FILE[folder]})"
+
+
+def empty_folder_message(folder: str) -> str:
+    f = FILES[FIRST_FILE[folder]]
+    return (
+        f"ComfyUI's models/{folder} folder holds no model file: download {f.name} ({f.what}, "
+        f"{f.size_gb:g} GB) from {f.url} into ComfyUI/models/{folder}/, then press R in the editor to "
+        "refresh the lists"
+    )
