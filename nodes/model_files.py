@@ -23,6 +23,7 @@ class ModelFile:
     licence: str
     size_gb: float
     what: str
+    also: tuple[str, ...] = ()  # other repos that ship the same file (the official BFL repo, say)
 
     @property
     def repo_url(self) -> str:
@@ -30,8 +31,12 @@ class ModelFile:
 
     @property
     def source(self) -> str:
-        """Markdown: the repo link and the licence."""
-        return f"[{self.repo}]({self.repo_url}) ({self.licence})"
+        """Markdown: the repo links and the licence."""
+        return f"{self.repos_markdown} ({self.licence})"
+
+    @property
+    def repos_markdown(self) -> str:
+        return ", ".join(f"[{repo}]({HF}/{repo})" for repo in (self.repo, *self.also))
 
 
 def _comfy(repo: str, folder: str, name: str) -> str:
@@ -44,10 +49,12 @@ FILES = {
     for f in (
         ModelFile("flux-2-klein-4b.safetensors", "diffusion_models",
                   _comfy("Comfy-Org/flux2-klein", "diffusion_models", "flux-2-klein-4b.safetensors"),
-                  "Comfy-Org/flux2-klein", APACHE, 7.75, "klein 4B, distilled"),
+                  "Comfy-Org/flux2-klein", APACHE, 7.75, "klein 4B, distilled",
+                  also=("black-forest-labs/FLUX.2-klein-4B",)),
         ModelFile("flux-2-klein-base-4b.safetensors", "diffusion_models",
                   _comfy("Comfy-Org/flux2-klein", "diffusion_models", "flux-2-klein-base-4b.safetensors"),
-                  "Comfy-Org/flux2-klein", APACHE, 7.75, "klein 4B base"),
+                  "Comfy-Org/flux2-klein", APACHE, 7.75, "klein 4B base",
+                  also=("black-forest-labs/FLUX.2-klein-base-4B",)),
         ModelFile("flux-2-klein-9b.safetensors", "diffusion_models",
                   f"{HF}/black-forest-labs/FLUX.2-klein-9B/resolve/main/flux-2-klein-9b.safetensors",
                   "black-forest-labs/FLUX.2-klein-9B", FLUX_NC, 18.2, "klein 9B, distilled (gated)"),

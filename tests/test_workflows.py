@@ -655,5 +655,5 @@ def test_the_readme_lists_every_model_file_with_its_repo_licence_and_size():
     rows = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| `")}
     for f in build_workflows.FILES.values():
         row = next(line for first, line in rows.items() if first.startswith(f"`{f.name}`"))
-        assert f"`models/{f.folder}`" in row and f"]({f.repo_url})" in row, f.name
+        assert f"`models/{f.folder}`" in row and f.repos_markdown in row, f.name
         assert f.licence in row and f"{f.size_gb:g} GB" in row, f.name
