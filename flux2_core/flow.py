@@ -46,10 +46,11 @@ def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def truncate(sigmas: list[float], strength: float) -> list[float]:
-    """The last ``strength`` of a schedule (img2img), counted in whole steps as diffusers does."""
+    """The last ``strength`` of a schedule (img2img): the first ``int(steps - steps * strength)`` steps are
+    skipped, the formula of diffusers' ``get_timesteps`` (the schedule itself is the full one's)."""
     steps = len(sigmas) - 1
-    kept = min(int(steps * strength), steps)
-    return sigmas[steps - kept :]
+    skipped = int(max(steps - min(steps * strength, steps), 0))
+    return sigmas[skipped:]
 
 
 def start_from(noise: torch.Tensor, start: torch.Tensor | None, sigma: float) -> torch.Tensor:

@@ -72,15 +72,32 @@ class ReferenceLatents:
         return ReferenceLatents(tokens, reference_ids(grids), grids)
 
 
+FIT_MODES = ("crop", "resize")
+
+
 def prepare_reference(
-    image: Image.Image | torch.Tensor, max_pixels: int = MAX_REFERENCE_PIXELS
+    image: Image.Image | torch.Tensor, max_pixels: int = MAX_REFERENCE_PIXELS, fit: str = "crop"
 ) -> torch.Tensor:
-    """PIL image or float tensor [3, H, W] / [H, W, 3] in 0..1 -> [1, 3, h, w] in -1..1, sides % 16 == 0."""
+    """PIL image or float tensor [3, H, W] / [H, W, 3] in 0..1 -> [1, 3, h, w] in -1..1, sides % 16 == 0.
+
+    ``fit`` "crop" centre-crops to multiples of 16 (BFL, diffusers); "resize" scales to the nearest multiples
+    of 16 instead, keeping the whole picture at the cost of a slight change of aspect (at most 8 px a side).
+    """
+    if fit not in FIT_MODES:
+        raise Flux2Error(f"reference fit {fit!r} is unknown: choose one of {', '.join(FIT_MODES)}")
     if isinstance(image, Image.Image):
         pixels = _from_pil(image, max_pixels)
     else:
         pixels = _from_tensor(image, max_pixels)
     _, height, width = pixels.shape
+    if fit == "resize":
+        size = (
+            max(MIN_SIDE, round(width / MULTIPLE) * MULTIPLE),
+            max(MIN_SIDE, round(height / MULTIPLE) * MULTIPLE),
+        )
+        if size != (width, height):
+            pixels = _resize_float(pixels, size)
+        return (pixels * 2.0 - 1.0).unsqueeze(0)
     crop_w, crop_h = width // MULTIPLE * MULTIPLE, height // MULTIPLE * MULTIPLE
     left, top = (width - crop_w) // 2, (height - crop_h) // 2
     pixels = pixels[:, top : top + crop_h, left : left + crop_w]
@@ -88,7 +105,11 @@ def prepare_reference(
 
 
 def encode_references(
-    vae, images: list, max_pixels: int = MAX_REFERENCE_PIXELS, interrupt: Callable[[], None] | None = None
+    vae,
+    images: list,
+    max_pixels: int = MAX_REFERENCE_PIXELS,
+    interrupt: Callable[[], None] | None = None,
+    fit: str = "crop",
 ) -> ReferenceLatents:
     """Preprocess and encode each reference separately (they may differ in size) and pack them in order.
 
@@ -98,7 +119,7 @@ def encode_references(
     for image in images:
         if interrupt is not None:
             interrupt()
-        pixels = prepare_reference(image, max_pixels)
+        pixels = prepare_reference(image, max_pixels, fit)
         latents.append(vae.encode(pixels).float().cpu())
     return ReferenceLatents.from_latents(latents)
 
@@ -153,6 +174,10 @@ def _from_tensor(image: torch.Tensor, max_pixels: int) -> torch.Tensor:
     size = scaled_size(width, height, max_pixels)
     if size == (width, height):
         return image
-    # Lanczos on each float channel ("F" mode), so no 8-bit rounding is added to float inputs.
+    return _resize_float(image, size)
+
+
+def _resize_float(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[3, H, W] float -> [3, h, w]: Lanczos on each float channel ("F" mode), adding no 8-bit rounding."""
     channels = [Image.fromarray(c.numpy(), mode="F").resize(size, Image.Resampling.LANCZOS) for c in image]
     return torch.from_numpy(np.stack([np.asarray(c) for c in channels])).clamp(0, 1)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
+from .editing import inpaint_blend
 from .errors import Flux2Error
 from .flow import StepCallback, euler, make_noise, pack, start_from, truncate, unpack
 from .hooks import before_each, calling
@@ -125,6 +126,7 @@ def sample(
     start: torch.Tensor | None = None,
     strength: float = 1.0,
     kv_cache: RefKVCache | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Generate latents [B, 128, H/16, W/16] (float32, CPU) from text conditioning [1 or B, T, C].
 
@@ -132,6 +134,8 @@ def sample(
     called before every block and may raise to stop the run. ``start`` (a latent of the output's shape) and
     ``strength`` < 1 begin part-way down the schedule from that latent instead of from pure noise.
     ``kv_cache`` is the references' K/V from ``encode_reference_kv`` (KV model), computed here if not given.
+    ``mask`` (packed [1 or B, h * w, 1] from ``editing.latent_mask``, 1 = repaint) inpaints ``start``: after
+    every step the latent outside the mask is ``start`` noised to the new sigma.
     """
     check_request(*settings_numbers(settings))
     check_conditioning(model, positive)
@@ -162,14 +166,17 @@ def sample(
     denoise = KleinDenoiser(
         model, conds, settings, references, grid, kv_cache if model.variant.kv_cache else None
     )
+    _check_editing(start, strength, mask, settings, grid)
     sigmas = truncate(get_sigmas(settings.steps, grid[0] * grid[1]).tolist(), strength)
     # Latents stay float32 on the model's device for the whole run; the noise is drawn on the CPU.
     device = model.transformer.device
     noise = pack(make_noise(settings.batch_size, settings.height, settings.width, settings.seed)).to(device)
-    x = start_from(noise, pack(start).to(device) if start is not None else None, sigmas[0])
+    source = pack(start.float()).to(device).expand_as(noise) if start is not None else None
+    x = start_from(noise, source, sigmas[0])
+    blend = None if mask is None else inpaint_blend(source, mask.float().to(device), noise)
     report = None if callback is None else (lambda step, total, x0: callback(step, total, unpack(x0, *grid)))
     with before_each(model.transformer.blocks(), calling(interrupt)):
-        x = euler(denoise, x, sigmas, report)
+        x = euler(denoise, x, sigmas, report, blend)
     if not torch.isfinite(x).all():
         raise Flux2Error(
             "sampling produced NaN or infinite values, so the image would be garbage. Likely causes: weights "
@@ -177,6 +184,32 @@ def sample(
             "(use bfloat16 or float32), or an extreme guidance value (use about 4 for base models)"
         )
     return unpack(x, *grid).cpu()
+
+
+def _check_editing(start, strength, mask, settings: SampleSettings, grid) -> None:
+    if not 0.0 <= strength <= 1.0 or math.isnan(strength):
+        raise Flux2Error(
+            f"strength (denoise) is {strength}: use a value from 0 (keep the image) to 1 (repaint)"
+        )
+    if start is None:
+        if mask is not None:
+            raise Flux2Error("an inpaint mask needs the source image's latent to start from: connect it")
+        if strength < 1.0:
+            raise Flux2Error(f"strength {strength:g} < 1 needs an image (latent) to start from: connect one")
+        return
+    expected = (FLUX2.latent_channels, *grid)
+    if (
+        start.ndim != 4
+        or tuple(start.shape[1:]) != expected
+        or start.shape[0] not in (1, settings.batch_size)
+    ):
+        raise Flux2Error(
+            f"the start latent has shape {list(start.shape)}, not [1 or {settings.batch_size}, "
+            f"{', '.join(map(str, expected))}] for {settings.width}x{settings.height}: encode the image at "
+            "the output size"
+        )
+    if mask is not None and (mask.ndim != 3 or mask.shape[1] != grid[0] * grid[1]):
+        raise Flux2Error(f"the inpaint mask has shape {list(mask.shape)}, not the latent grid {grid}")
 
 
 def settings_numbers(settings: SampleSettings) -> tuple:

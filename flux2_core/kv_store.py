@@ -1,0 +1,103 @@
+"""Reference K/V kept across runs (9B-KV): a bounded store, least recently used first out, by bytes.
+
+The reference K/V depend only on the model's weights, its dtype and device, the reference latents and their
+position ids: never on the prompt, the seed, the step, the output size or the batch (a cache of one batch item
+serves any batch size and both CFG passes). The key is exactly those inputs; any change of a reference, the
+model, the dtype or the device misses. Entries of a model are dropped when the model object goes away, and
+entries on a device the model no longer sits on are dropped when it is next used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+
+import torch
+
+from .kv_cache import RefKVCache
+from .limits import available_memory
+from .references import ReferenceLatents
+from .transformer import Flux2Model
+
+log = logging.getLogger(__name__)
+
+FREE_MEMORY_SHARE = 0.25  # the store never grows past this share of the device's free memory
+
+
+class RefKVStore:
+    def __init__(self, max_bytes: int | None = None):
+        self.max_bytes = max_bytes  # None: a share of the free memory when an entry is added
+        self._entries: OrderedDict[tuple, RefKVCache] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(cache.nbytes() for cache in self._entries.values())
+
+    def get(self, model: Flux2Model, references: ReferenceLatents, compute: Callable[[], RefKVCache]):
+        """(cache, reused): the stored K/V for these references on this model, or ``compute()``'s, stored."""
+        net = model.transformer
+        self._drop_moved(_model_token(net, self), net.device)
+        key = reference_key(model, references, self)
+        cache = self._entries.get(key)
+        if cache is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return cache, True
+        self.misses += 1
+        cache = compute()
+        self._put(key, cache, net.device)
+        return cache, False
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def forget(self, token: str) -> None:
+        for key in [k for k in self._entries if k[0] == token]:
+            del self._entries[key]
+
+    def _drop_moved(self, token: str, device: torch.device) -> None:
+        for key in [k for k in self._entries if k[0] == token and k[2] != str(device)]:
+            del self._entries[key]
+
+    def _put(self, key: tuple, cache: RefKVCache, device: torch.device) -> None:
+        size = cache.nbytes()
+        budget = self.max_bytes
+        if budget is None:
+            free = available_memory(device)
+            budget = int(FREE_MEMORY_SHARE * (free + self.nbytes)) if free is not None else size
+        while self._entries and self.nbytes + size > budget:
+            self._entries.popitem(last=False)
+        if size <= budget:
+            self._entries[key] = cache
+        else:
+            log.info(
+                "reference K/V of %.2f GB exceed the cache budget of %.2f GB: not kept",
+                size / 2**30,
+                budget / 2**30,
+            )
+
+
+def reference_key(model: Flux2Model, references: ReferenceLatents, store: RefKVStore) -> tuple:
+    net = model.transformer
+    digest = hashlib.sha256()
+    digest.update(references.tokens.detach().float().cpu().contiguous().numpy().tobytes())
+    digest.update(references.ids.to(torch.int64).cpu().contiguous().numpy().tobytes())
+    return _model_token(net, store), str(net.dtype), str(net.device), digest.hexdigest()
+
+
+def _model_token(net: torch.nn.Module, store: RefKVStore) -> str:
+    """A name for this loaded model, fixed for its life; its entries go when it is garbage collected."""
+    token = getattr(net, "_kv_store_token", None)
+    if token is None:
+        token = uuid.uuid4().hex
+        net._kv_store_token = token
+        weakref.finalize(net, store.forget, token)
+    return token
