@@ -15,9 +15,11 @@ pipeline), ``flow`` (the sampling loop), ``sampling`` (the klein denoiser), ``ho
 
 from .configs import FLUX2, KLEIN_4B, KLEIN_9B, KLEIN_VARIANTS, VARIANTS, Family, Flux2Config, Variant
 from .dit_files import load_transformer
+from .editing import Stitch, composite, latent_mask, outpaint_canvas, prepare_inpaint
 from .errors import Flux2Error
 from .flow import make_noise
 from .kv_cache import RefKVCache
+from .kv_store import RefKVStore
 from .limits import (
     MAX_BATCH,
     MAX_GUIDANCE,
@@ -29,6 +31,7 @@ from .limits import (
     check_size,
 )
 from .references import (
+    FIT_MODES,
     MAX_REFERENCE_PIXELS,
     ReferenceLatents,
     encode_references,
@@ -50,6 +53,7 @@ from .transformer import Flux2Model, Flux2Transformer
 from .vae import AutoEncoder, load_vae
 
 __all__ = [
+    "FIT_MODES",
     "FLUX2",
     "MAX_BATCH",
     "MAX_GUIDANCE",
@@ -69,22 +73,28 @@ __all__ = [
     "Flux2Transformer",
     "ReferenceLatents",
     "RefKVCache",
+    "RefKVStore",
     "SampleSettings",
+    "Stitch",
     "TextEncoder",
     "Variant",
     "check_conditioning",
     "check_fits",
     "check_request",
     "check_size",
+    "composite",
     "encode_reference_kv",
     "encode_references",
     "estimate_memory",
     "get_sigmas",
+    "latent_mask",
     "load_text_encoder",
     "load_transformer",
     "load_vae",
     "make_noise",
+    "outpaint_canvas",
     "output_size",
+    "prepare_inpaint",
     "prepare_reference",
     "processed_size",
     "sample",

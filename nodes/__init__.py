@@ -1,6 +1,7 @@
 """The node classes ComfyUI registers (V1 API). Node ids are a public contract: never rename one."""
 
 from .decode import Flux2KleinDecode
+from .editing import Flux2KleinComposite, Flux2KleinEncode, Flux2KleinInpaintPrepare, Flux2KleinOutpaintPad
 from .loaders import Flux2KleinModelLoader, Flux2KleinTextEncoderLoader, Flux2KleinVAELoader
 from .reference_encode import Flux2KleinReferenceEncode
 from .sampler import Flux2KleinSampler
@@ -14,6 +15,10 @@ NODE_CLASS_MAPPINGS = {
     "Flux2KleinReferenceEncode": Flux2KleinReferenceEncode,
     "Flux2KleinSampler": Flux2KleinSampler,
     "Flux2KleinDecode": Flux2KleinDecode,
+    "Flux2KleinEncode": Flux2KleinEncode,
+    "Flux2KleinInpaintPrepare": Flux2KleinInpaintPrepare,
+    "Flux2KleinComposite": Flux2KleinComposite,
+    "Flux2KleinOutpaintPad": Flux2KleinOutpaintPad,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -24,6 +29,10 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Flux2KleinReferenceEncode": "FLUX.2 [klein] Reference Encode",
     "Flux2KleinSampler": "FLUX.2 [klein] Sampler",
     "Flux2KleinDecode": "FLUX.2 [klein] Decode",
+    "Flux2KleinEncode": "FLUX.2 [klein] Encode",
+    "Flux2KleinInpaintPrepare": "FLUX.2 [klein] Inpaint Prepare",
+    "Flux2KleinComposite": "FLUX.2 [klein] Composite",
+    "Flux2KleinOutpaintPad": "FLUX.2 [klein] Outpaint Pad",
 }
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..flux2_core import MAX_REFERENCE_PIXELS, encode_references
+from ..flux2_core import FIT_MODES, MAX_REFERENCE_PIXELS, encode_references
 from . import convert, host, types
 from .types import socket
 
@@ -12,6 +12,13 @@ MAX_MEGAPIXELS_TOOLTIP = (
     "1.0 is the diffusers default and BFL's cap with several references (BFL allows about 4 for one). "
     "Raising it keeps the fine detail of a large reference, at the cost of more tokens: slower steps and "
     "more VRAM."
+)
+
+
+RESIZE_TOOLTIP = (
+    "How the image is brought to multiples of 16: crop (centre crop of at most 15 px, the BFL and "
+    "diffusers default) or resize (scaled to the nearest multiples of 16: nothing cut off, the aspect "
+    "changes slightly)."
 )
 
 
@@ -47,11 +54,15 @@ class Flux2KleinReferenceEncode:
                     max=16.0,
                     step=0.1,
                 ),
+                "resize": socket(list(FIT_MODES), RESIZE_TOOLTIP, default="crop"),
             },
         }
 
-    def encode(self, vae: types.KleinVAE, image, references=None, max_megapixels: float = 1.0):
+    def encode(
+        self, vae: types.KleinVAE, image, references=None, max_megapixels: float = 1.0, resize: str = "crop"
+    ):
         host.load(vae.patcher)
         images = convert.image_to_list(image)
-        encoded = encode_references(vae.vae, images, int(max_megapixels * MEGAPIXEL), host.check_interrupt)
+        pixels = int(max_megapixels * MEGAPIXEL)
+        encoded = encode_references(vae.vae, images, pixels, host.check_interrupt, fit=resize)
         return (encoded if references is None else references + encoded,)

@@ -6,6 +6,8 @@ guidance > 1, and the cached reference K/V of the 9B-KV model when references ar
 
 from __future__ import annotations
 
+import logging
+
 from ..flux2_core import (
     FLUX2,
     MAX_BATCH,
@@ -13,10 +15,13 @@ from ..flux2_core import (
     MAX_SEED,
     MAX_SIZE,
     MAX_STEPS,
+    RefKVStore,
     SampleSettings,
     check_fits,
     check_request,
+    encode_reference_kv,
     estimate_memory,
+    latent_mask,
     sample,
     settings_numbers,
 )
@@ -24,6 +29,8 @@ from . import convert, host, types
 from .types import socket
 
 MIN_SIZE, SIZE_MULTIPLE = FLUX2.min_size, FLUX2.size_multiple
+KV_STORE = RefKVStore()  # reference K/V of the 9B-KV model, kept across queue runs
+log = logging.getLogger(__name__)
 
 TOOLTIPS = {
     "model": "From FLUX.2 [klein] Model Loader.",
@@ -39,15 +46,22 @@ TOOLTIPS = {
     "batch_size": "Images per run (each from its own slice of one noise draw).",
     "negative": "Negative prompt for base models with guidance > 1 (an empty prompt is the usual choice).",
     "references": "Reference images to edit or combine, from FLUX.2 [klein] Reference Encode.",
-    "latent": "Optional: its shape sets width, height and batch size (e.g. EmptyFlux2LatentImage). Its "
-    "content is ignored: sampling starts from pure noise.",
+    "latent": "Optional: its shape sets width, height and batch size (e.g. EmptyFlux2LatentImage). With "
+    "denoise below 1 it is the image to start from (img2img, e.g. FLUX.2 [klein] Encode); with a noise_mask "
+    "(FLUX.2 [klein] Inpaint Prepare, or native Set Latent Noise Mask) only the mask's area is repainted. "
+    "Otherwise its content is ignored: sampling starts from pure noise.",
+    "denoise": "How much of the schedule runs from the latent: 1 repaints fully (text-to-image, or inpaint "
+    "from noise), lower keeps more of the latent (img2img: the first steps are skipped, as in diffusers).",
+    "kv_cache": "9B-KV model: reuse keeps the references' keys/values across runs, so a new prompt or seed "
+    "with the same references skips the reference pass (same output as without). off: compute every run.",
 }
 
 
 class Flux2KleinSampler:
     DESCRIPTION = (
-        "Generates FLUX.2 [klein] latents from pure noise: text-to-image, or editing when references are "
-        "connected. Decode the result with FLUX.2 [klein] Decode (or native VAEDecode with the FLUX.2 VAE)."
+        "Generates FLUX.2 [klein] latents: text-to-image, editing when references are connected, img2img "
+        "with a latent and denoise below 1, inpainting with a latent that carries a noise mask. Decode the "
+        "result with FLUX.2 [klein] Decode (or native VAEDecode with the FLUX.2 VAE)."
     )
     CATEGORY = "flux2_klein/sampling"
     RETURN_TYPES = (types.LATENT,)
@@ -79,6 +93,8 @@ class Flux2KleinSampler:
                 "negative": socket(types.CONDITIONING, TOOLTIPS["negative"]),
                 "references": socket(types.REFERENCES, TOOLTIPS["references"]),
                 "latent": socket(types.LATENT, TOOLTIPS["latent"]),
+                "denoise": socket("FLOAT", TOOLTIPS["denoise"], default=1.0, min=0.0, max=1.0, step=0.01),
+                "kv_cache": socket(["reuse", "off"], TOOLTIPS["kv_cache"], default="reuse"),
             },
         }
 
@@ -109,16 +125,27 @@ class Flux2KleinSampler:
         negative=None,
         references=None,
         latent=None,
+        denoise=1.0,
+        kv_cache="reuse",
     ):
         width, height, batch_size = convert.output_size(width, height, batch_size, references, latent)
         settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
         check_request(*settings_numbers(settings))  # linked values skip the widget ranges
+        grid = (height // SIZE_MULTIPLE, width // SIZE_MULTIPLE)
+        noise_mask = latent.get("noise_mask") if isinstance(latent, dict) else None
+        start = convert.latent_samples(latent) if denoise < 1.0 or noise_mask is not None else None
+        mask = latent_mask(noise_mask, grid) if noise_mask is not None else None
         required = estimate_memory(model.model, settings, references)
         host.load(model.patcher, required)
+        tokens = references.num_tokens if references is not None else 0
+        what = f"sampling {width}x{height}" + (
+            f" with {len(references)} references ({tokens} tokens)" if tokens else ""
+        )
         advice = "lower width/height, the batch size, the number of references or their max_megapixels"
         device = model.patcher.load_device
-        check_fits(required, device, f"sampling {width}x{height}", advice, free=host.free_memory(device))
-        with host.out_of_memory(f"sampling {width}x{height}", advice):
+        check_fits(required, device, what, advice, free=host.free_memory(device))
+        with host.out_of_memory(what, advice):
+            cache = self._reference_kv(model.model, references, kv_cache)
             samples = sample(
                 model.model,
                 positive.embeds,
@@ -127,5 +154,22 @@ class Flux2KleinSampler:
                 references=references,
                 callback=host.step_reporter(steps),
                 interrupt=host.check_interrupt,
+                start=start,
+                strength=denoise,
+                mask=mask,
+                kv_cache=cache,
             )
         return ({"samples": samples.to(host.intermediate_device())},)
+
+    @staticmethod
+    def _reference_kv(model, references, mode: str):
+        """The KV model's reference K/V: from the store when these references ran before on this model."""
+        if not model.variant.kv_cache or references is None or not len(references):
+            return None
+        compute = lambda: encode_reference_kv(model, references)  # noqa: E731
+        if mode == "off":
+            return compute()
+        cache, reused = KV_STORE.get(model, references, compute)
+        log.info("reference K/V %s (%d entries, %.2f GB kept)", "reused from the cache" if reused else
+                 "computed", len(KV_STORE), KV_STORE.nbytes / 2**30)  # fmt: skip
+        return cache

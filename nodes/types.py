@@ -20,7 +20,9 @@ TEXT_ENCODER = "FLUX2_KLEIN_TEXT_ENCODER"
 VAE = "FLUX2_KLEIN_VAE"
 CONDITIONING = "FLUX2_KLEIN_CONDITIONING"
 REFERENCES = "FLUX2_KLEIN_REFERENCES"  # payload: flux2_core.references.ReferenceLatents
+STITCH = "FLUX2_KLEIN_STITCH"  # payload: flux2_core.editing.Stitch (what the composite needs)
 IMAGE = "IMAGE"  # core: [B, H, W, 3] float 0..1
+MASK = "MASK"  # core: [B, H, W] float 0..1, 1 = repaint (as SetLatentNoiseMask and LoadImage's mask)
 LATENT = "LATENT"  # core: {"samples": [B, 128, H/16, W/16]}, BN-normalised like native FLUX.2 latents
 
 

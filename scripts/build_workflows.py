@@ -68,6 +68,7 @@ TEXT_ENCODER = "FLUX2_KLEIN_TEXT_ENCODER"
 VAE = "FLUX2_KLEIN_VAE"
 CONDITIONING = "FLUX2_KLEIN_CONDITIONING"
 REFERENCES = "FLUX2_KLEIN_REFERENCES"
+STITCH = "FLUX2_KLEIN_STITCH"
 
 NODE_SPECS: dict[str, NodeSpec] = {
     "Flux2KleinModelLoader": NodeSpec(
@@ -96,8 +97,40 @@ NODE_SPECS: dict[str, NodeSpec] = {
     "Flux2KleinReferenceEncode": NodeSpec(
         "FLUX.2 [klein] Reference Encode",
         inputs=(Socket("vae", VAE), Socket("image", "IMAGE"), Socket("references", REFERENCES, True)),
-        widgets=(Widget("max_megapixels", "FLOAT", True),),
+        widgets=(Widget("max_megapixels", "FLOAT", True), Widget("resize", "COMBO", True)),
         outputs=(("references", REFERENCES),),
+    ),
+    "Flux2KleinEncode": NodeSpec(
+        "FLUX.2 [klein] Encode",
+        inputs=(Socket("vae", VAE), Socket("image", "IMAGE")),
+        outputs=(("latent", "LATENT"),),
+    ),
+    "Flux2KleinInpaintPrepare": NodeSpec(
+        "FLUX.2 [klein] Inpaint Prepare",
+        inputs=(
+            Socket("vae", VAE),
+            Socket("image", "IMAGE"),
+            Socket("mask", "MASK"),
+            Socket("references", REFERENCES, True),
+        ),
+        widgets=(
+            Widget("grow_mask", "INT", True),
+            Widget("crop_to_mask", "BOOLEAN", True),
+            Widget("context", "INT", True),
+        ),
+        outputs=(("latent", "LATENT"), ("references", REFERENCES), ("stitch", STITCH)),
+    ),
+    "Flux2KleinComposite": NodeSpec(
+        "FLUX.2 [klein] Composite",
+        inputs=(Socket("image", "IMAGE"), Socket("stitch", STITCH)),
+        widgets=(Widget("feather", "INT"),),
+        outputs=(("image", "IMAGE"),),
+    ),
+    "Flux2KleinOutpaintPad": NodeSpec(
+        "FLUX.2 [klein] Outpaint Pad",
+        inputs=(Socket("image", "IMAGE"),),
+        widgets=tuple(Widget(n, "INT") for n in ("left", "top", "right", "bottom", "feather")),
+        outputs=(("image", "IMAGE"), ("mask", "MASK")),
     ),
     "Flux2KleinSampler": NodeSpec(
         "FLUX.2 [klein] Sampler",
@@ -115,6 +148,8 @@ NODE_SPECS: dict[str, NodeSpec] = {
             Widget("width", "INT"),
             Widget("height", "INT"),
             Widget("batch_size", "INT"),
+            Widget("denoise", "FLOAT", True),
+            Widget("kv_cache", "COMBO", True),
         ),
         outputs=(("latent", "LATENT"),),
     ),
@@ -397,6 +432,8 @@ class Recipe:
     width: int = 1024
     height: int = 1024
     settings: str = ""
+    mode: str = "generate"  # generate / img2img / inpaint / outpaint
+    denoise: float = 1.0
 
 
 def _note(r: Recipe) -> str:
@@ -408,7 +445,8 @@ def _note(r: Recipe) -> str:
         for f in files
     )
     api = f"workflows/api/{r.name}.json"
-    images = " ".join(f"--image ref{i + 1}.png" for i in range(r.references))
+    names = [f"ref{i + 1}.png" for i in range(r.references)] + (["image.png"] if r.mode != "generate" else [])
+    images = " ".join(f"--image {name}" for name in names)
     return f"""# {r.title}
 
 {r.summary}
@@ -425,7 +463,7 @@ not read by these nodes.
 
 ## Settings
 
-{r.settings}
+{r.settings}{MASK_NOTE if r.mode == "inpaint" else ""}
 
 ## Headless
 
@@ -504,7 +542,7 @@ def build(r: Recipe) -> Graph:
             "Flux2KleinReferenceEncode",
             (X_ENCODE, y),
             (440, 130),
-            {"max_megapixels": 1.0},
+            {"max_megapixels": 1.0, "resize": "crop"},
             title=f"Reference {i + 1}",
         )
         g.connect(vae, enc, "vae")
@@ -522,7 +560,7 @@ def build(r: Recipe) -> Graph:
     sampler = g.add(
         "Flux2KleinSampler",
         (X_SAMPLE, 0),
-        (330, 330),
+        (330, 380),
         {
             "seed": SEED,
             "steps": r.steps,
@@ -530,20 +568,29 @@ def build(r: Recipe) -> Graph:
             "width": r.width,
             "height": r.height,
             "batch_size": 1,
+            "denoise": r.denoise,
+            "kv_cache": "reuse",
         },
     )
     g.connect(model, sampler, "model")
     g.connect(positive, sampler, "positive")
     if negative is not None:
         g.connect(negative, sampler, "negative")
-    if refs is not None:
+    stitch = _edit_inputs(g, r, vae, refs, sampler)
+    if refs is not None and stitch is None:
         g.connect(refs, sampler, "references")
     decode = g.add("Flux2KleinDecode", (X_DECODE, 0), (260, 70))
     g.connect(vae, decode, "vae")
     g.connect(sampler, decode, "latent")
+    result, generate = decode, [sampler, decode]
+    if stitch is not None:
+        result = g.add("Flux2KleinComposite", (X_DECODE, 140), (260, 100), {"feather": 8}, title="Composite")
+        g.connect(decode, result, "image")
+        g.connect(stitch, result, "stitch", src_slot=2)
+        generate.append(result)
     save = g.add("SaveImage", (X_SAVE, 0), (460, 500), {"filename_prefix": f"flux2_klein/{r.name}"})
-    g.connect(decode, save, "images")
-    g.group("Generate", sampler, decode, save)
+    g.connect(result, save, "images")
+    g.group("Generate", *generate, save)
     g.add(
         "MarkdownNote",
         (X_NOTE, 0),
@@ -555,6 +602,57 @@ def build(r: Recipe) -> Graph:
     )
     return g
 
+
+def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Node) -> Node | None:
+    """The image to start from (img2img) or to inpaint / outpaint; returns the Inpaint Prepare node."""
+    if r.mode == "generate":
+        return None
+    y = 520 + 460 * r.references
+    image = g.add("LoadImage", (X_LOAD, y), (380, 400), {"image": "example.png"}, title=IMAGE_TITLES[r.mode])
+    if r.mode == "img2img":
+        encode = g.add("Flux2KleinEncode", (X_ENCODE, y), (300, 60))
+        g.connect(vae, encode, "vae")
+        g.connect(image, encode, "image")
+        g.connect(encode, sampler, "latent")
+        g.group("Image to start from", image, encode)
+        return None
+    nodes, source, mask, mask_slot = [image], image, image, 1  # Load Image's MASK: its transparent pixels
+    if r.mode == "outpaint":
+        pad = g.add(
+            "Flux2KleinOutpaintPad",
+            (X_ENCODE, y),
+            (300, 200),
+            {"left": 0, "top": 0, "right": 256, "bottom": 0, "feather": 24},
+        )
+        g.connect(image, pad, "image")
+        nodes.append(pad)
+        source, mask = pad, pad
+    prepare = g.add(
+        "Flux2KleinInpaintPrepare",
+        (X_ENCODE, y + 240),
+        (300, 180),
+        {"grow_mask": 0 if r.mode == "outpaint" else 4, "crop_to_mask": False, "context": 64},
+    )
+    g.connect(vae, prepare, "vae")
+    g.connect(source, prepare, "image")
+    g.connect(mask, prepare, "mask", src_slot=mask_slot)
+    if refs is not None:
+        g.connect(refs, prepare, "references")
+    g.connect(prepare, sampler, "latent")
+    g.connect(prepare, sampler, "references", src_slot=1)
+    g.group("Image to " + r.mode, *nodes, prepare)
+    return prepare
+
+
+MASK_NOTE = (
+    "\n\nThe mask is the image's transparent area: paint it in the MaskEditor, or (headless) upload a PNG "
+    "whose pixels to repaint have alpha 0."
+)
+IMAGE_TITLES = {
+    "img2img": "Image to start from",
+    "inpaint": "Image to inpaint (paint the mask in the editor)",
+    "outpaint": "Image to extend",
+}
 
 FOX = (
     "A red fox curled up in fresh snow at sunrise, soft golden backlight, frost on its fur, "
@@ -626,9 +724,11 @@ RECIPES = (
         name="flux2_klein_4b_multi_reference_edit",
         title="FLUX.2 [klein] 4B: combine several reference images",
         summary=(
-            "Combines three reference images following the prompt (refer to them as image 1, 2, 3), with the "
-            "distilled klein 4B model. The references are chained: each *Reference Encode* adds one image. "
-            "For more references, copy a *Load Image* + *Reference Encode* pair and chain it; for fewer, "
+            "Combines four reference images following the prompt (refer to them as image 1, 2, 3, 4), with "
+            "the distilled klein 4B model. The references are chained: each *Reference Encode* adds one "
+            "image, with its own pixel budget (`max_megapixels`) and fit (`crop`, or `resize` to keep the "
+            "whole picture). For more references, copy a *Load Image* + *Reference Encode* pair and chain "
+            "it (the sampler refuses, before it starts, a set that will not fit in memory); for fewer, "
             "bypass (Ctrl+B) the last pairs' *Reference Encode* nodes or delete them."
         ),
         dit="flux-2-klein-4b.safetensors",
@@ -637,10 +737,10 @@ RECIPES = (
         steps=4,
         guidance=1.0,
         prompt=(
-            "The person from image 1 wearing the outfit from image 2, standing in the place shown in "
-            "image 3. Natural light, photorealistic."
+            "The person from image 1 wearing the outfit from image 2 and the hat from image 4, standing "
+            "in the place shown in image 3. Natural light, photorealistic."
         ),
-        references=3,
+        references=4,
         width=0,
         height=0,
         settings=f"{DISTILLED_SETTINGS}\n\n{EDIT_SIZE} Every extra reference makes each step slower.",
@@ -650,8 +750,11 @@ RECIPES = (
         title="FLUX.2 [klein] 9B-KV: fast reference editing",
         summary=(
             "Edits with one or two reference images using the klein **9B-KV** model, which computes the "
-            "references' attention keys/values once (first step) and reuses them, so editing costs little "
-            "more than text to image. For a single reference, bypass (Ctrl+B) or delete *Reference 2*."
+            "references' attention keys/values once and reuses them at every step, so editing costs little "
+            "more than text to image. With the sampler's `kv_cache` on `reuse` (the default) they are also "
+            "kept across runs: queue again with a new prompt or seed and the references are not processed "
+            "again (same image as a fresh run; changing a reference, the model or its precision computes "
+            "them anew). For a single reference, bypass (Ctrl+B) or delete *Reference 2*."
         ),
         dit="flux-2-klein-9b-kv.safetensors",
         text_encoder="qwen_3_8b.safetensors",
@@ -669,6 +772,77 @@ RECIPES = (
             "9B-KV is distilled: **4 steps, guidance 1.0**. The 9B models need the Qwen3-8B text encoder "
             "(`qwen_3_8b.safetensors`) and are under the FLUX non-commercial licence.\n\n" + EDIT_SIZE
         ),
+    ),
+)
+
+
+RECIPES += (
+    Recipe(
+        name="flux2_klein_4b_img2img",
+        title="FLUX.2 [klein] 4B: image to image",
+        summary=(
+            "Redraws an image following the prompt, keeping its layout and colours: the sampler starts from "
+            "the image's latent instead of pure noise. Load your image in *Image to start from*."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt="A watercolour painting of the same scene, soft washes of colour, paper texture.",
+        width=0,
+        height=0,
+        mode="img2img",
+        denoise=0.75,
+        settings=(
+            f"{DISTILLED_SETTINGS}\n\n**denoise** sets how much changes: 1 ignores the image, lower keeps "
+            "more of it (0.75 skips the first of the 4 steps, 0.5 the first two). The output takes the "
+            "image's size, centre-cropped to multiples of 16."
+        ),
+    ),
+    Recipe(
+        name="flux2_klein_4b_inpaint",
+        title="FLUX.2 [klein] 4B: inpaint",
+        summary=(
+            "Repaints the masked part of an image following the prompt and puts the result back over the "
+            "original, so every pixel outside the mask stays exactly as it was. Load the image in *Image to "
+            "inpaint*, then right-click it and choose *Open in MaskEditor* to paint the area to repaint."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt="A small wooden table with a vase of red tulips.",
+        width=0,
+        height=0,
+        mode="inpaint",
+        settings=(
+            f"{DISTILLED_SETTINGS}\n\n*Inpaint Prepare* grows the mask by `grow_mask` pixels and passes the "
+            "image to the sampler twice: as the latent to keep outside the mask and as reference 1. With "
+            "`crop_to_mask` on, only the mask's box plus `context` pixels is sampled, enlarged up to 4x: "
+            "best for a small mask on a big picture. *Composite* blends the result in, `feather` pixels "
+            "inside the mask's edge."
+        ),
+    ),
+    Recipe(
+        name="flux2_klein_4b_outpaint",
+        title="FLUX.2 [klein] 4B: outpaint",
+        summary=(
+            "Extends an image beyond its borders following the prompt. *Outpaint Pad* adds the space (here "
+            "256 pixels on the right; any side, multiples of 16) and the mask, fading over `feather` pixels "
+            "into the original edge; the original pixels come back unchanged."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt="The same scene continued to the right, seamless, same light and style.",
+        width=0,
+        height=0,
+        mode="outpaint",
+        settings=f"{DISTILLED_SETTINGS}\n\nThe output is the padded canvas at its full size.",
     ),
 )
 

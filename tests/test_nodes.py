@@ -36,18 +36,30 @@ NODE_IDS = {  # node id -> (display name, category, RETURN_TYPES)
                                   ("FLUX2_KLEIN_REFERENCES",)),
     "Flux2KleinSampler": ("FLUX.2 [klein] Sampler", "flux2_klein/sampling", ("LATENT",)),
     "Flux2KleinDecode": ("FLUX.2 [klein] Decode", "flux2_klein/latent", ("IMAGE",)),
+    "Flux2KleinEncode": ("FLUX.2 [klein] Encode", "flux2_klein/latent", ("LATENT",)),
+    "Flux2KleinInpaintPrepare": ("FLUX.2 [klein] Inpaint Prepare", "flux2_klein/inpaint",
+                                 ("LATENT", "FLUX2_KLEIN_REFERENCES", "FLUX2_KLEIN_STITCH")),
+    "Flux2KleinComposite": ("FLUX.2 [klein] Composite", "flux2_klein/inpaint", ("IMAGE",)),
+    "Flux2KleinOutpaintPad": ("FLUX.2 [klein] Outpaint Pad", "flux2_klein/inpaint", ("IMAGE", "MASK")),
 }  # fmt: skip
 INPUTS = {  # node id -> (required, optional) input ids: workflows store these, so they never change
     "Flux2KleinModelLoader": (["model_name", "variant"], ["weight_dtype"]),
     "Flux2KleinTextEncoderLoader": (["text_encoder_name"], ["device"]),
     "Flux2KleinVAELoader": (["vae_name"], []),
     "Flux2KleinTextEncode": (["text_encoder", "text"], []),
-    "Flux2KleinReferenceEncode": (["vae", "image"], ["references", "max_megapixels"]),
+    "Flux2KleinReferenceEncode": (["vae", "image"], ["references", "max_megapixels", "resize"]),
     "Flux2KleinSampler": (
         ["model", "positive", "seed", "steps", "guidance", "width", "height", "batch_size"],
-        ["negative", "references", "latent"],
+        ["negative", "references", "latent", "denoise", "kv_cache"],
     ),
     "Flux2KleinDecode": (["vae", "latent"], []),
+    "Flux2KleinEncode": (["vae", "image"], []),
+    "Flux2KleinInpaintPrepare": (
+        ["vae", "image", "mask"],
+        ["references", "grow_mask", "crop_to_mask", "context"],
+    ),
+    "Flux2KleinComposite": (["image", "stitch", "feather"], []),
+    "Flux2KleinOutpaintPad": (["image", "left", "top", "right", "bottom", "feather"], []),
 }
 # Native ids our ids could be confused with; a custom id equal to a native one is silently dropped by ComfyUI.
 NATIVE_IDS = {

@@ -39,6 +39,7 @@ client = _load_script("klein_client")
 
 MODEL, TE, VAE = "FLUX2_KLEIN_MODEL", "FLUX2_KLEIN_TEXT_ENCODER", "FLUX2_KLEIN_VAE"
 COND, REFS = "FLUX2_KLEIN_CONDITIONING", "FLUX2_KLEIN_REFERENCES"
+STITCH = "FLUX2_KLEIN_STITCH"
 
 CONTRACT = {
     "Flux2KleinModelLoader": {
@@ -55,7 +56,7 @@ CONTRACT = {
     "Flux2KleinTextEncode": {"inputs": {"text_encoder": (TE, True)}, "widgets": ["text"], "outputs": [COND]},
     "Flux2KleinReferenceEncode": {
         "inputs": {"vae": (VAE, True), "image": ("IMAGE", True), "references": (REFS, False)},
-        "widgets": ["max_megapixels"],
+        "widgets": ["max_megapixels", "resize"],
         "outputs": [REFS],
     },
     "Flux2KleinSampler": {
@@ -66,7 +67,7 @@ CONTRACT = {
             "references": (REFS, False),
             "latent": ("LATENT", False),
         },
-        "widgets": ["seed", "steps", "guidance", "width", "height", "batch_size"],
+        "widgets": ["seed", "steps", "guidance", "width", "height", "batch_size", "denoise", "kv_cache"],
         "control_after_generate": ["seed"],
         "outputs": ["LATENT"],
     },
@@ -74,6 +75,31 @@ CONTRACT = {
         "inputs": {"vae": (VAE, True), "latent": ("LATENT", True)},
         "widgets": [],
         "outputs": ["IMAGE"],
+    },
+    "Flux2KleinEncode": {
+        "inputs": {"vae": (VAE, True), "image": ("IMAGE", True)},
+        "widgets": [],
+        "outputs": ["LATENT"],
+    },
+    "Flux2KleinInpaintPrepare": {
+        "inputs": {
+            "vae": (VAE, True),
+            "image": ("IMAGE", True),
+            "mask": ("MASK", True),
+            "references": (REFS, False),
+        },
+        "widgets": ["grow_mask", "crop_to_mask", "context"],
+        "outputs": ["LATENT", REFS, STITCH],
+    },
+    "Flux2KleinComposite": {
+        "inputs": {"image": ("IMAGE", True), "stitch": (STITCH, True)},
+        "widgets": ["feather"],
+        "outputs": ["IMAGE"],
+    },
+    "Flux2KleinOutpaintPad": {
+        "inputs": {"image": ("IMAGE", True)},
+        "widgets": ["left", "top", "right", "bottom", "feather"],
+        "outputs": ["IMAGE", "MASK"],
     },
 }
 NATIVE = {
@@ -100,6 +126,9 @@ NAMES = [
     "flux2_klein_4b_edit",
     "flux2_klein_4b_multi_reference_edit",
     "flux2_klein_9b_kv_edit",
+    "flux2_klein_4b_img2img",
+    "flux2_klein_4b_inpaint",
+    "flux2_klein_4b_outpaint",
 ]
 
 
@@ -327,9 +356,13 @@ EXPECTED = {
         True,
     ),
     "flux2_klein_4b_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 1, False),
-    "flux2_klein_4b_multi_reference_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 3, False),
+    "flux2_klein_4b_multi_reference_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 4, False),
     "flux2_klein_9b_kv_edit": ("flux-2-klein-9b-kv", "qwen_3_8b", "kv", 4, 1.0, 0, 2, False),
+    "flux2_klein_4b_img2img": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
+    "flux2_klein_4b_inpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
+    "flux2_klein_4b_outpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
 }
+EDITING = {"flux2_klein_4b_img2img", "flux2_klein_4b_inpaint", "flux2_klein_4b_outpaint"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -355,6 +388,8 @@ def test_workflow_settings(name):
     if negative is not None:
         assert negative["class_type"] == "Flux2KleinTextEncode" and negative["inputs"]["text"] == ""
         assert negative is not positive
+    if name in EDITING:
+        return  # wired differently: test_editing_workflow_wiring
     chain = _reference_chain(wf)
     assert len(chain) == n_refs
     images = [_source(wf, enc, "image") for enc in chain]
@@ -364,6 +399,35 @@ def test_workflow_settings(name):
     assert save["inputs"]["filename_prefix"] == f"flux2_klein/{name}"
     decode = _source(wf, save, "images")
     assert decode["class_type"] == "Flux2KleinDecode" and _source(wf, decode, "latent") is sampler
+
+
+def _link(wf, node, name):
+    """(source node's class, its output slot) feeding ``node``'s input ``name``."""
+    source, slot = node["inputs"][name]
+    return wf[source]["class_type"], slot
+
+
+@pytest.mark.parametrize("name", sorted(EDITING))
+def test_editing_workflow_wiring(name):
+    wf = api(name)
+    sampler = _sampler(wf)
+    (save,) = [n for n in wf.values() if n["class_type"] == "SaveImage"]
+    if name == "flux2_klein_4b_img2img":
+        assert sampler["inputs"]["denoise"] == 0.75 and "references" not in sampler["inputs"]
+        assert _link(wf, sampler, "latent") == ("Flux2KleinEncode", 0)
+        assert _link(wf, _source(wf, sampler, "latent"), "image") == ("LoadImage", 0)
+        assert _link(wf, save, "images") == ("Flux2KleinDecode", 0)
+        return
+    assert sampler["inputs"]["denoise"] == 1.0
+    prepare = _source(wf, sampler, "latent")
+    assert _link(wf, sampler, "latent") == ("Flux2KleinInpaintPrepare", 0)
+    assert _link(wf, sampler, "references") == ("Flux2KleinInpaintPrepare", 1)  # the image is reference 1
+    composite = _source(wf, save, "images")
+    assert composite["class_type"] == "Flux2KleinComposite" and composite["inputs"]["feather"] > 0
+    assert _link(wf, composite, "image") == ("Flux2KleinDecode", 0)
+    assert _link(wf, composite, "stitch") == ("Flux2KleinInpaintPrepare", 2)
+    source = "LoadImage" if name == "flux2_klein_4b_inpaint" else "Flux2KleinOutpaintPad"
+    assert _link(wf, prepare, "image") == (source, 0) and _link(wf, prepare, "mask") == (source, 1)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ API_WORKFLOWS = sorted((REPO / "workflows" / "api").glob("*.json"))
 
 MODEL, TE, VAE = "FLUX2_KLEIN_MODEL", "FLUX2_KLEIN_TEXT_ENCODER", "FLUX2_KLEIN_VAE"
 COND, REFS = "FLUX2_KLEIN_CONDITIONING", "FLUX2_KLEIN_REFERENCES"
+STITCH = "FLUX2_KLEIN_STITCH"
 
 # node id: (display name, required inputs in order, optional inputs in order, output types) -- README "Nodes"
 CONTRACT = {
@@ -42,16 +43,30 @@ CONTRACT = {
     "Flux2KleinReferenceEncode": (
         "FLUX.2 [klein] Reference Encode",
         ["vae", "image"],
-        ["references", "max_megapixels"],
+        ["references", "max_megapixels", "resize"],
         [REFS],
     ),
     "Flux2KleinSampler": (
         "FLUX.2 [klein] Sampler",
         ["model", "positive", "seed", "steps", "guidance", "width", "height", "batch_size"],
-        ["negative", "references", "latent"],
+        ["negative", "references", "latent", "denoise", "kv_cache"],
         ["LATENT"],
     ),
     "Flux2KleinDecode": ("FLUX.2 [klein] Decode", ["vae", "latent"], [], ["IMAGE"]),
+    "Flux2KleinEncode": ("FLUX.2 [klein] Encode", ["vae", "image"], [], ["LATENT"]),
+    "Flux2KleinInpaintPrepare": (
+        "FLUX.2 [klein] Inpaint Prepare",
+        ["vae", "image", "mask"],
+        ["references", "grow_mask", "crop_to_mask", "context"],
+        ["LATENT", REFS, STITCH],
+    ),
+    "Flux2KleinComposite": ("FLUX.2 [klein] Composite", ["image", "stitch", "feather"], [], ["IMAGE"]),
+    "Flux2KleinOutpaintPad": (
+        "FLUX.2 [klein] Outpaint Pad",
+        ["image", "left", "top", "right", "bottom", "feather"],
+        [],
+        ["IMAGE", "MASK"],
+    ),
 }
 # the socket (link) inputs and their types; everything else in the contract is a widget
 SOCKET_TYPES = {
@@ -63,6 +78,8 @@ SOCKET_TYPES = {
     "positive": COND,
     "negative": COND,
     "latent": "LATENT",
+    "mask": "MASK",
+    "stitch": STITCH,
 }
 
 # Per bundled workflow: the reference images to upload (sizes), the sampler inputs patched, and the output

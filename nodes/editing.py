@@ -1,0 +1,183 @@
+"""Editing nodes: encode an image to a start latent, prepare an inpaint (crop-to-mask, source as the first
+reference), composite the result back over the original, and pad a canvas for outpainting.
+
+The inpaint latent is ComfyUI's LATENT with a ``noise_mask`` at pixel resolution (1 = repaint), the same key
+native ``SetLatentNoiseMask`` writes, so native masks and latents work with our sampler too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..flux2_core import (
+    FLUX2,
+    Flux2Error,
+    ReferenceLatents,
+    composite,
+    outpaint_canvas,
+    prepare_inpaint,
+    prepare_reference,
+)
+from . import convert, host, types
+from .types import socket
+
+PAD = {"default": 0, "min": 0, "max": 4096, "step": FLUX2.size_multiple}
+
+
+class Flux2KleinEncode:
+    DESCRIPTION = (
+        "Encodes images to FLUX.2 latents (centre-cropped to multiples of 16), the start of an img2img run: "
+        "connect the latent to the sampler and set its denoise below 1."
+    )
+    CATEGORY = "flux2_klein/latent"
+    RETURN_TYPES = (types.LATENT,)
+    RETURN_NAMES = ("latent",)
+    OUTPUT_TOOLTIPS = ("FLUX.2 latents [batch, 128, height/16, width/16].",)
+    FUNCTION = "encode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "vae": socket(types.VAE, "From FLUX.2 [klein] VAE Loader."),
+                "image": socket(types.IMAGE, "The images to start from (a batch gives a batch of latents)."),
+            }
+        }
+
+    def encode(self, vae: types.KleinVAE, image):
+        host.load(vae.patcher)
+        latents = []
+        for item in convert.image_to_list(image):
+            host.check_interrupt()
+            side = max(item.shape[0], item.shape[1])
+            latents.append(vae.vae.encode(prepare_reference(item, max_pixels=side * side)).float())
+        if len({tuple(lat.shape) for lat in latents}) > 1:
+            raise Flux2Error("the images of the batch have different sizes: encode them separately")
+        return ({"samples": torch.cat(latents).to(host.intermediate_device())},)
+
+
+class Flux2KleinInpaintPrepare:
+    DESCRIPTION = (
+        "Prepares an inpaint: the image (or, with crop_to_mask, the mask's box plus some context) at the "
+        "model's resolution, its latent with the mask for the sampler, the references with the image first, "
+        "and what FLUX.2 [klein] Composite needs to put the result back over the original."
+    )
+    CATEGORY = "flux2_klein/inpaint"
+    RETURN_TYPES = (types.LATENT, types.REFERENCES, types.STITCH)
+    RETURN_NAMES = ("latent", "references", "stitch")
+    OUTPUT_TOOLTIPS = (
+        "The source latent with its noise_mask: connect it to the sampler's latent input.",
+        "The source image as reference 1, then the extra references: connect them to the sampler.",
+        "For FLUX.2 [klein] Composite.",
+    )
+    FUNCTION = "prepare"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "vae": socket(types.VAE, "From FLUX.2 [klein] VAE Loader."),
+                "image": socket(types.IMAGE, "The image to inpaint (one image)."),
+                "mask": socket(types.MASK, "White / 1 = repaint, black / 0 = keep (e.g. Load Image's MASK)."),
+            },
+            "optional": {
+                "references": socket(types.REFERENCES, "Extra references, after the image itself."),
+                "grow_mask": socket("INT", "Grow the mask by this many pixels.", default=0, min=0, max=256),
+                "crop_to_mask": socket(
+                    "BOOLEAN",
+                    "Sample only the mask's box plus the context, at up to about 1 megapixel (a small mask "
+                    "on a big image is enlarged up to 4x for detail); off: the whole image, at most 1 MP.",
+                    default=False,
+                ),
+                "context": socket(
+                    "INT",
+                    "Pixels of context around the mask's box (crop_to_mask).",
+                    default=64,
+                    min=0,
+                    max=2048,
+                ),
+            },
+        }
+
+    def prepare(self, vae: types.KleinVAE, image, mask, references=None, grow_mask=0, crop_to_mask=False,
+                context=64):  # fmt: skip
+        if image.shape[0] != 1 or (mask.ndim == 3 and mask.shape[0] != 1):
+            raise Flux2Error("inpaint one image at a time: the image (and mask) batch must hold one")
+        pixels, crop_mask, stitch = prepare_inpaint(image[0], mask, grow_mask, crop_to_mask, context)
+        host.load(vae.patcher)
+        source = vae.vae.encode(
+            prepare_reference(pixels, max_pixels=pixels.shape[0] * pixels.shape[1])
+        ).float()
+        refs = ReferenceLatents.from_latents([source.cpu()])
+        if references is not None:
+            refs = refs + references
+        latent = {
+            "samples": source.to(host.intermediate_device()),
+            "noise_mask": crop_mask[None, None].to(host.intermediate_device()),
+        }
+        return (latent, refs, stitch)
+
+
+class Flux2KleinComposite:
+    DESCRIPTION = (
+        "Puts the inpainted result back over the original image at its size: outside the mask every pixel is "
+        "exactly the original's; feather softens the edge inside the mask."
+    )
+    CATEGORY = "flux2_klein/inpaint"
+    RETURN_TYPES = (types.IMAGE,)
+    RETURN_NAMES = ("image",)
+    OUTPUT_TOOLTIPS = ("The original image with the masked area repainted.",)
+    FUNCTION = "composite"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "image": socket(types.IMAGE, "The decoded inpaint result (FLUX.2 [klein] Decode)."),
+                "stitch": socket(types.STITCH, "From FLUX.2 [klein] Inpaint Prepare."),
+                "feather": socket(
+                    "INT", "Blend width in pixels, inside the mask.", default=8, min=0, max=256
+                ),
+            }
+        }
+
+    def composite(self, image, stitch, feather=8):
+        out = torch.stack([composite(item, stitch, feather) for item in convert.image_to_list(image)])
+        return (out.to(host.intermediate_device()),)
+
+
+class Flux2KleinOutpaintPad:
+    DESCRIPTION = (
+        "Adds space around an image for outpainting: the new area is grey and masked for repainting, the "
+        "mask fading into the original's edge over feather pixels. Feed both to FLUX.2 [klein] Inpaint "
+        "Prepare."
+    )
+    CATEGORY = "flux2_klein/inpaint"
+    RETURN_TYPES = (types.IMAGE, types.MASK)
+    RETURN_NAMES = ("image", "mask")
+    OUTPUT_TOOLTIPS = ("The larger canvas.", "1 on the new area (and the feathered edge), 0 elsewhere.")
+    FUNCTION = "pad"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        sides = {name: socket("INT", f"Pixels to add on the {name} (a multiple of 16).", **PAD)
+                 for name in ("left", "top", "right", "bottom")}  # fmt: skip
+        return {
+            "required": {
+                "image": socket(types.IMAGE, "The image to extend."),
+                **sides,
+                "feather": socket(
+                    "INT", "Pixels over which the mask fades into the image.", default=24, min=0, max=512
+                ),  # fmt: skip
+            }
+        }
+
+    def pad(self, image, left, top, right, bottom, feather=24):
+        canvases, masks = zip(
+            *(
+                outpaint_canvas(item, left, top, right, bottom, feather)
+                for item in convert.image_to_list(image)
+            )
+        )
+        device = host.intermediate_device()
+        return (torch.stack(canvases).to(device), torch.stack(masks).to(device))
