@@ -57,7 +57,9 @@ class RefKVStore:
         return cache, False
 
     def clear(self) -> None:
+        """Drop every entry and reset the hit / miss counts."""
         self._entries.clear()
+        self.hits = self.misses = 0
 
     def forget(self, token: str) -> None:
         for key in [k for k in self._entries if k[0] == token]:

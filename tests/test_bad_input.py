@@ -18,7 +18,7 @@ from tiny_text import make_tiny_qwen3, model_tensors, write_comfy_file
 from tiny_vae import random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core import cli
+from flux2_core import cli_inputs
 from flux2_core.cli import main
 from flux2_core.dit_files import load_transformer
 from flux2_core.errors import Flux2Error
@@ -231,7 +231,7 @@ def _png(path, array, **kw):
 
 def test_images_load_as_a_viewer_shows_them(tmp_path):
     # 16-bit grey at 40000/65535 must not clip to white
-    grey16 = cli._open_image(str(_png(tmp_path / "g16.png", np.full((70, 80), 40000, dtype=np.uint16))))
+    grey16 = cli_inputs.open_image(str(_png(tmp_path / "g16.png", np.full((70, 80), 40000, dtype=np.uint16))))
     assert isinstance(grey16, torch.Tensor) and grey16.shape == (70, 80, 3)
     assert grey16.max().item() == pytest.approx(40000 / 65535)
     # EXIF orientation 6 (rotate 90 degrees clockwise to view): a 100x70 file is shown 70x100
@@ -239,20 +239,20 @@ def test_images_load_as_a_viewer_shows_them(tmp_path):
     exif[0x0112] = 6
     rotated = tmp_path / "rot.jpg"
     Image.fromarray(np.zeros((70, 100, 3), dtype=np.uint8)).save(rotated, exif=exif)
-    assert cli._open_image(str(rotated)).size == (70, 100)
+    assert cli_inputs.open_image(str(rotated)).size == (70, 100)
     # palette with transparency: colours kept, alpha dropped
     palette = Image.new("P", (64, 64), 1)
     palette.putpalette([0, 0, 0, 200, 30, 10] + [0] * 762)
     palette.info["transparency"] = 0
     palette.save(tmp_path / "pal.png")
-    assert cli._open_image(str(tmp_path / "pal.png")).getpixel((5, 5)) == (200, 30, 10)
+    assert cli_inputs.open_image(str(tmp_path / "pal.png")).getpixel((5, 5)) == (200, 30, 10)
 
 
 def test_a_decompression_bomb_is_refused(tmp_path, monkeypatch, caplog):
     path = _png(tmp_path / "bomb.png", np.zeros((100, 100, 3), dtype=np.uint8))
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # PIL refuses over twice its limit
     with pytest.raises(Flux2Error, match="refused as a possible decompression bomb"):
-        cli._open_image(str(path))
+        cli_inputs.open_image(str(path))
 
 
 # -- clear errors only ---------------------------------------------------------------------------------------

@@ -440,3 +440,74 @@ def test_an_empty_folder_says_so_in_the_list_and_the_loader_names_the_file_and_i
     assert pack.NODE_CLASS_MAPPINGS["Flux2KleinVAELoader"].INPUT_TYPES()["required"]["vae_name"][0] == [
         "flux2_tiny_vae.safetensors"
     ]
+
+
+# -- editing ------------------------------------------------------------------------------------------------
+
+
+def test_img2img_from_an_encoded_image(nodes, loaded):
+    (latent,) = nodes["Flux2KleinEncode"].encode(loaded["vae"], image(70, 100))  # cropped to 96 x 64
+    assert latent["samples"].shape == (1, 128, 4, 6)
+    noise_only = run_sampler(nodes, loaded, latent=latent)
+    assert torch.equal(noise_only, run_sampler(nodes, loaded, width=96, height=64))  # denoise 1: pure noise
+    kept = run_sampler(nodes, loaded, latent=latent, denoise=0.5)
+    assert not torch.equal(kept, noise_only) and kept.shape == noise_only.shape
+    with pytest.raises(Exception, match="strength \\(denoise\\) is 1.5"):
+        run_sampler(nodes, loaded, latent=latent, denoise=1.5)
+
+
+def test_inpaint_chain_keeps_every_pixel_outside_the_mask(nodes, loaded):
+    source = image(80, 96, seed=3)
+    mask = torch.zeros(1, 80, 96)
+    mask[:, 20:50, 30:70] = 1.0
+    latent, refs, stitch = nodes["Flux2KleinInpaintPrepare"].prepare(loaded["vae"], source, mask)
+    assert latent["noise_mask"].shape == (1, 1, 80, 96) and len(refs) == 1  # the source is reference 1
+    samples = run_sampler(nodes, loaded, latent=latent, references=refs, width=0, height=0)
+    (decoded,) = nodes["Flux2KleinDecode"].decode(loaded["vae"], {"samples": samples})
+    for feather in (0, 6):
+        (out,) = nodes["Flux2KleinComposite"].composite(decoded, stitch, feather)
+        assert out.shape == source.shape
+        outside = mask[0] < 0.5
+        assert torch.equal(out[0][outside], source[0][outside])
+        assert not torch.equal(out[0][~outside], source[0][~outside])
+
+
+def test_a_native_noise_mask_on_a_native_layout_latent_inpaints(nodes, loaded):
+    (latent,) = nodes["Flux2KleinEncode"].encode(loaded["vae"], image(64, 64))
+    native = {"samples": latent["samples"], "noise_mask": torch.zeros(1, 1, 64, 64)}  # SetLatentNoiseMask
+    kept = run_sampler(nodes, loaded, latent=native)
+    torch.testing.assert_close(kept, latent["samples"], atol=1e-5, rtol=0)  # nothing masked: kept as is
+
+
+def test_outpaint_pad_gives_the_canvas_and_the_mask(nodes):
+    canvas, mask = nodes["Flux2KleinOutpaintPad"].pad(image(64, 64), 0, 16, 32, 0, 8)
+    assert canvas.shape == (1, 80, 96, 3) and mask.shape == (1, 80, 96)
+    assert mask[0, :16].eq(1).all() and mask[0, 40, 64:].eq(1).all()  # the new areas
+    assert mask[0, 40, :56].eq(0).all() and 0 < mask[0, 40, 60] < 1  # the ramp into the original edge
+
+
+def test_reference_resize_keeps_the_whole_picture(nodes, loaded):
+    (cropped,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(70, 100))
+    (resized,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(70, 100), resize="resize")
+    assert cropped.pixel_size(0) == (96, 64) and resized.pixel_size(0) == (96, 64)
+    assert not torch.equal(cropped.tokens, resized.tokens)
+
+
+def test_kv_cache_is_reused_across_runs_with_the_same_output(nodes, pack, loaded):
+    sampler_module = sys.modules[f"{pack.__name__}.nodes.sampler"]
+    store = sampler_module.KV_STORE
+    store.clear()
+    (kv_model,) = nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "kv")
+    (refs,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(64, 64, seed=1))
+    args = dict(model=kv_model, references=refs, width=64, height=64)
+    cold = run_sampler(nodes, loaded, **args, seed=3, kv_cache="off")
+    run_sampler(nodes, loaded, **args, seed=5)  # fills the store
+    assert (store.hits, store.misses, len(store)) == (0, 1, 1)
+    warm = run_sampler(nodes, loaded, **args, seed=3, positive=loaded["negative"])
+    warm = run_sampler(nodes, loaded, **args, seed=3)  # another prompt, then this one: both from the store
+    assert store.hits == 2 and torch.equal(warm, cold)
+    run_sampler(nodes, loaded, **args, seed=3, batch_size=2)  # a batch of 2 reuses the same entry
+    assert (store.hits, len(store)) == (3, 1)
+    (other,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(64, 64, seed=2))
+    run_sampler(nodes, loaded, model=kv_model, references=other, width=64, height=64)
+    assert (store.misses, len(store)) == (2, 2)  # another reference misses

@@ -1,0 +1,189 @@
+"""What the command line is given, read and checked before any model is loaded: the device, the output path,
+images and masks (as a viewer shows them), the text encoder and VAE that pair with the model, the memory a
+run needs; and the images it writes (complete or not at all)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from .errors import Flux2Error
+from .limits import check_fits
+
+log = logging.getLogger("flux2_core")
+
+MIN_REFERENCE_PIXELS = 64 * 64
+IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
+
+
+def companions(args: argparse.Namespace, context_width: int) -> tuple[str, str]:
+    """The text encoder and VAE to use: as given, else from the model's own Hub repo when it has them, else
+    from the official repo that pairs with the model's text width."""
+    from .hub import PAIRED_REPOS, MissingComponent, local_path, parse
+
+    given = {"text_encoder": args.text_encoder, "vae": args.vae}
+    if all(given.values()):
+        return args.text_encoder, args.vae
+    ref = parse(args.model)
+    source = None
+    if ref is not None and not ref.filename:
+        try:
+            for component, value in given.items():
+                if value is None:
+                    local_path(args.model, component)
+            source = args.model
+        except MissingComponent:
+            source = None
+    if source is None:
+        source = PAIRED_REPOS.get(context_width)
+        if source is None:
+            raise Flux2Error(
+                f"no official text encoder pairs with a DiT reading {context_width}-wide text: give "
+                "--text-encoder and --vae"
+            )
+        log.info("text encoder and VAE: from %s, the official pairing for this model", source)
+    else:
+        log.info("text encoder and VAE: from %s, the model's own repository", source)
+    return args.text_encoder or source, args.vae or source
+
+
+def device_for(name: str | None) -> torch.device:
+    """The compute device, or a clear error for one this machine does not have."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise Flux2Error(f"--device {name} is not a device name: use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise Flux2Error(
+                f"--device {name}: CUDA is not available (this torch {torch.__version__} has no CUDA, or no "
+                "GPU is visible): use --device cpu, or install a CUDA build of torch"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise Flux2Error(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise Flux2Error(f"--device {name}: Apple MPS is not available here: use --device cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise Flux2Error(f"--device {name} is not supported: use cpu or cuda")
+    return device
+
+
+def check_output(output: Path) -> Path:
+    """The output path must name an image file (by its extension) in a folder we can write."""
+    if output.is_dir():
+        raise Flux2Error(f"--output {output} is a folder: give a file name, e.g. {output / 'image.png'}")
+    if output.suffix.lower() not in IMAGE_FORMATS:
+        raise Flux2Error(
+            f"--output {output} has no image extension: end it in {', '.join(IMAGE_FORMATS)} (e.g. "
+            f"{output.with_suffix('.png').name})"
+        )
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Flux2Error(
+            f"cannot create the output folder {output.parent} ({e.strerror}): choose another"
+        ) from None
+    if not os.access(output.parent, os.W_OK):
+        raise Flux2Error(f"the output folder {output.parent} is not writable: choose another --output")
+    return output
+
+
+def check_memory(device: torch.device, dit: int, text_encoder: int, activations: int, what: str) -> None:
+    """The DiT waits in RAM while the text encoder runs on ``device``; then the DiT samples there."""
+    advice = "lower --width/--height, --batch-size or the references, or use --dtype bfloat16"
+    if device.type == "cpu":
+        check_fits(dit + max(text_encoder, activations), device, f"sampling {what} on the CPU", advice)
+        return
+    check_fits(max(text_encoder, dit + activations), device, f"sampling {what}", advice)
+    check_fits(dit, torch.device("cpu"), "holding the diffusion model in RAM while the text runs", advice)
+
+
+def image_size(image) -> tuple[int, int]:
+    return image.size if isinstance(image, Image.Image) else (image.shape[1], image.shape[0])
+
+
+def open_image(path: str):
+    """An image as a viewer shows it: EXIF orientation applied, alpha dropped (as ComfyUI's LoadImage does),
+    16-bit and float images scaled to 0..1 rather than clipped. 8-bit images stay PIL images; others come back
+    as float tensors [H, W, 3]. Images over PIL's decompression-bomb limit are refused."""
+    try:
+        with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image)
+            if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+                scale = 1.0 if image.mode == "F" else 65535.0
+                gray = np.asarray(image, dtype=np.float32) / scale
+                return torch.from_numpy(np.repeat(gray[..., None], 3, axis=-1)).clamp(0, 1)
+            if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+                image = image.convert("RGBA")
+            return image.convert("RGB")
+    except Image.DecompressionBombError as e:
+        raise Flux2Error(
+            f"the reference image {path} is refused as a possible decompression bomb ({e}): use an image of "
+            f"at most {2 * Image.MAX_IMAGE_PIXELS} pixels"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise Flux2Error(
+            f"could not read the reference image {path} ({e}): use a PNG, JPEG or WebP file"
+        ) from None
+
+
+def save_images(outputs: list[torch.Tensor], output: Path) -> list[Path]:
+    """One [B, 3, H, W] tensor in -1..1 per prompt -> image files (rounded to 8 bit): ``OUT.png`` for one
+    image, ``OUT_j.png`` for a batch, ``OUT-k.png`` (``OUT-k_j.png``) for prompt k of several. Each is written
+    under a temporary name and renamed once every file is complete, so an interrupted or failed save leaves
+    no partial file."""
+    fmt = IMAGE_FORMATS[output.suffix.lower()]
+    named = []
+    for k, pixels in enumerate(outputs):
+        stem = output.stem if len(outputs) == 1 else f"{output.stem}-{k + 1}"
+        arrays = ((pixels.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+        for j, array in enumerate(arrays):
+            name = f"{stem}{output.suffix}" if len(arrays) == 1 else f"{stem}_{j + 1}{output.suffix}"
+            named.append((array, output.with_name(name)))
+    temps = [path.with_name(f".{path.name}.{os.getpid()}.partial") for _, path in named]
+    try:
+        for (array, _), temp in zip(named, temps):
+            Image.fromarray(array).save(temp, format=fmt)
+        for (_, path), temp in zip(named, temps):
+            os.replace(temp, path)
+    except OSError as e:
+        raise Flux2Error(
+            f"could not write {output} ({e.strerror or e}): check the disk space and the path"
+        ) from None
+    finally:
+        for temp in temps:
+            temp.unlink(missing_ok=True)
+    return [path for _, path in named]
+
+
+def open_mask(path: str, size: tuple[int, int]) -> torch.Tensor:
+    """A mask file (white = repaint; grey, RGB or with alpha: its luminance) -> [H, W] in 0..1 for an image of
+    ``size`` (width, height)."""
+    try:
+        with Image.open(path) as image:
+            mask = ImageOps.exif_transpose(image).convert("L")
+    except Image.DecompressionBombError as e:
+        raise Flux2Error(f"the mask {path} is refused as a possible decompression bomb ({e})") from None
+    except (OSError, ValueError) as e:
+        raise Flux2Error(f"could not read the mask {path} ({e}): use a PNG (white = repaint)") from None
+    if mask.size != tuple(size):
+        raise Flux2Error(
+            f"the mask {path} is {mask.size[0]}x{mask.size[1]} but the image is {size[0]}x{size[1]}: use a "
+            "mask of the image's size"
+        )
+    return torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)
+
+
+def as_tensor(image) -> torch.Tensor:
+    """A PIL image or a float tensor [H, W, 3] -> float tensor [H, W, 3] in 0..1."""
+    if isinstance(image, Image.Image):
+        return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0)
+    return image.float()
