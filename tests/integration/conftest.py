@@ -80,7 +80,8 @@ NOT_A_DIT = "not-a-dit.safetensors"
 MILLION_BLOCKS = "corrupt-million-blocks.safetensors"  # one tensor claiming block 1000000
 
 # Reference images (width, height) written to disk and uploaded by the tests.
-REFERENCE_SIZES = [(96, 64), (64, 80), (80, 80), (112, 80)]
+REFERENCE_SIZES = [(96, 64), (64, 80), (80, 80), (112, 80), (64, 64)]
+MASKED = ("masked", 96, 64)  # a reference-style picture whose transparent box is Load Image's MASK
 
 
 def pytest_collection_modifyitems(config, items):
@@ -178,6 +179,19 @@ def reference_png(width: int, height: int, seed: int = 0) -> bytes:
     return buffer.getvalue()
 
 
+def masked_png(width: int, height: int) -> bytes:
+    """The test picture with alpha 0 in a box in its middle: ComfyUI's Load Image gives that box as MASK 1."""
+    import numpy as np
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(BytesIO(reference_png(width, height))).convert("RGB"))
+    alpha = np.full((height, width), 255, dtype=np.uint8)
+    alpha[height // 4 : 3 * height // 4, width // 4 : 3 * width // 4] = 0
+    buffer = BytesIO()
+    Image.fromarray(np.dstack([rgb, alpha]), mode="RGBA").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The client the tests get
 
@@ -226,7 +240,8 @@ class ComfyServer:
     def api_workflow(self, name: str) -> dict:
         return self.kc.load_workflow(REPO / "workflows" / "api" / f"{name}.json")
 
-    def upload(self, size: tuple[int, int]) -> str:
+    def upload(self, size: tuple) -> str:
+        """Upload a reference picture by its (width, height), or MASKED."""
         return self.kc.upload_image(self.url, self.references[size])
 
     def submit(self, workflow: dict) -> tuple[int, object]:
@@ -339,6 +354,8 @@ def _serve(tmp_path_factory, with_models: bool):
         path = base / "references" / f"reference_{width}x{height}.png"
         path.write_bytes(reference_png(width, height))
         references[(width, height)] = path
+    references[MASKED] = base / "references" / "masked_96x64.png"
+    references[MASKED].write_bytes(masked_png(96, 64))
 
     config = base / "extra_model_paths.yaml"
     config.write_text(
