@@ -121,11 +121,12 @@ class Edit:
 
 
 def generate(args: argparse.Namespace) -> list[Path]:
+    from .configs import describe
     from .dit_files import DIT_SPEC, load_transformer, transformer_variant
     from .limits import check_request, check_seed
     from .references import MAX_REFERENCE_PIXELS, encode_references, processed_size
-    from .sampling import SampleSettings, check_conditioning, output_size, settings_numbers
-    from .text_encoder import QWEN3_SPEC, load_text_encoder
+    from .sampling import SampleSettings, check_conditioning, check_text_width, output_size, settings_numbers
+    from .text_encoder import QWEN3_SPEC, describe_qwen3, load_text_encoder
     from .vae import load_vae
 
     # 1. Everything that can be checked without reading a weight, before any model is loaded.
@@ -143,6 +144,15 @@ def generate(args: argparse.Namespace) -> list[Path]:
             raise Flux2Error(
                 f"--{name} {getattr(args, name)} is not a size: give a multiple of 16, or leave it out"
             )
+    # the numbers first: nothing is resolved or downloaded for a request that cannot run
+    check_request(
+        args.width or 1024,
+        args.height or 1024,
+        1 if args.steps is None else args.steps,
+        1.0 if args.guidance is None else args.guidance,
+        args.seed,
+        args.batch_size,
+    )
     max_pixels = args.reference_max_pixels or MAX_REFERENCE_PIXELS
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
@@ -155,7 +165,10 @@ def generate(args: argparse.Namespace) -> list[Path]:
     guidance = variant.default_guidance if args.guidance is None else args.guidance
     settings = SampleSettings(width, height, steps, guidance, args.seed, args.batch_size)
     check_request(*settings_numbers(settings))
-    _, te_bytes, _ = weight_bytes(QWEN3_SPEC, text_encoder, dtype)
+    te_shape, te_bytes, _ = weight_bytes(QWEN3_SPEC, text_encoder, dtype)
+    check_text_width(
+        config, describe(config), te_shape.output_dim, f"text encoder ({describe_qwen3(te_shape)})"
+    )
     source_tokens = (
         width * height if edit is not None and edit.mask is not None else 0
     )  # inpaint: reference 1

@@ -32,7 +32,10 @@ def companions(args: argparse.Namespace, context_width: int) -> tuple[str, str]:
         return args.text_encoder, args.vae
     ref = parse(args.model)
     source = None
-    if ref is not None and not ref.filename:
+    local = Path(args.model).expanduser()
+    if local.is_dir() and all((local / c).is_dir() for c, value in given.items() if value is None):
+        source = args.model  # a local diffusers repository with its own text encoder and VAE
+    elif ref is not None and not ref.filename:
         try:
             for component, value in given.items():
                 if value is None:
@@ -112,8 +115,9 @@ def image_size(image) -> tuple[int, int]:
 
 def open_image(path: str):
     """An image as a viewer shows it: EXIF orientation applied, alpha dropped (as ComfyUI's LoadImage does),
-    16-bit and float images scaled to 0..1 rather than clipped. 8-bit images stay PIL images; others come back
-    as float tensors [H, W, 3]. Images over PIL's decompression-bomb limit are refused."""
+    16-bit images scaled to 0..1 rather than clipped, float images taken as 0..1. 8-bit images stay PIL
+    images; others come back as float tensors [H, W, 3]. Images over PIL's decompression-bomb limit are
+    refused."""
     try:
         with Image.open(path) as image:
             image = ImageOps.exif_transpose(image)

@@ -10,6 +10,7 @@ used without asking the network; anything to download is announced first with it
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import os
 import re
@@ -28,7 +29,9 @@ COMPONENT_FILES = {
     "text_encoder": ("text_encoder/*.safetensors", "text_encoder/*.json", "tokenizer/*"),
     "vae": ("vae/*.safetensors", "vae/*.json"),
 }
-_HUB_ID = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<revision>[\w.-]+))?(?:/(?P<file>[^@]+))?$")
+_HUB_ID = re.compile(
+    r"^(?P<repo>[\w.-]+/[\w.-]+)(?:@(?P<revision>refs/pr/\d+|[\w.-]+))?(?:/(?P<file>[^@]+))?$"
+)
 
 
 class MissingComponent(Flux2Error):
@@ -71,10 +74,14 @@ def offline() -> bool:
 
 
 def cache_dir() -> str:
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return os.path.join(home, "hub")
+    """huggingface_hub's cache folder, resolved as it resolves it (read at each call, not at import)."""
+    env = os.environ
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(name):
+            return os.path.expanduser(env[name])
+    xdg = env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    home = env.get("HF_HOME") or os.path.join(xdg, "huggingface")
+    return os.path.join(os.path.expanduser(home), "hub")
 
 
 def _file(ref: HubRef) -> Path:
@@ -87,7 +94,7 @@ def _file(ref: HubRef) -> Path:
         if not _is_missing(e):
             raise _hub_error(ref, e) from None
     _refuse_offline(ref, ref.filename)
-    _announce(ref, [ref.filename])
+    _announce(ref, _remote_files(ref, [ref.filename]) or [ref.filename])
     try:
         return Path(hf_hub_download(**kwargs))
     except Exception as e:  # noqa: BLE001  (huggingface_hub and its HTTP client raise many types)
@@ -122,8 +129,19 @@ def _repository(ref: HubRef, component: str) -> Path:
 
 
 def _has(root: Path, component: str) -> bool:
+    """The component's weights are in the cached snapshot, every shard its index names included (a download
+    cut short goes online again, and huggingface_hub resumes it)."""
     folder = root / component
-    return folder.is_dir() and any(folder.glob("*.safetensors"))
+    if not (folder.is_dir() and any(folder.glob("*.safetensors"))):
+        return False
+    for index in folder.glob("*.safetensors.index.json"):
+        try:
+            names = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            return False
+        if not all((folder / name).is_file() for name in names):
+            return False
+    return True
 
 
 def _remote_files(ref: HubRef, patterns: list[str]) -> dict[str, int]:
@@ -166,6 +184,11 @@ def _hub_error(ref: HubRef, error: Exception) -> Flux2Error:
     from huggingface_hub import errors
 
     url = f"https://huggingface.co/{ref.repo_id}"
+    if isinstance(error, errors.LocalEntryNotFoundError):  # the Hub was not reached (no network, ...)
+        return Flux2Error(
+            f"could not reach the Hugging Face Hub for {ref} ({error}): check the network connection, or set "
+            "HF_HUB_OFFLINE=1 to use what is already in the cache"
+        )
     if isinstance(error, errors.GatedRepoError):
         return Flux2Error(f"{ref} is gated: accept its licence at {url} and set HF_TOKEN to a token of yours")
     if isinstance(error, errors.RepositoryNotFoundError):
@@ -175,7 +198,7 @@ def _hub_error(ref: HubRef, error: Exception) -> Flux2Error:
         )
     if isinstance(error, errors.RevisionNotFoundError):
         return Flux2Error(f"{ref}: no such revision (branch, tag or commit) at {url}")
-    if isinstance(error, (errors.EntryNotFoundError, errors.RemoteEntryNotFoundError)):
+    if isinstance(error, errors.RemoteEntryNotFoundError):
         return Flux2Error(f"{ref} has no file {ref.filename}: see the files at {url}/tree/main")
     return Flux2Error(
         f"could not fetch {ref} from the Hugging Face Hub ({type(error).__name__}: {error}): check the "

@@ -71,7 +71,7 @@ def load_checkpoint(
     spec: ComponentSpec, checkpoint: Checkpoint, dtype: torch.dtype | None, device: str | torch.device = "cpu"
 ) -> Loaded:
     pieces, shapes = plan_checkpoint(spec, checkpoint)
-    config = spec.config(shapes, checkpoint)
+    config = read_config(spec, shapes, checkpoint)
     description = spec.describe(config)
     with torch.device("meta"):
         module = spec.build(config)
@@ -96,7 +96,7 @@ def block_count(keys, prefix: str, what: str, name: str, limit: int = MAX_BLOCKS
     for key in keys:
         if key.startswith(prefix):
             head = key[len(prefix) :].split(".", 1)[0]
-            if not head.isdigit():
+            if not (head.isascii() and head.isdigit()):
                 raise Flux2Error(f"{name}: {key} has no valid block number: the file is corrupt")
             indices.add(int(head))
     if not indices:
@@ -120,10 +120,23 @@ def weight_bytes(spec: ComponentSpec, path: str | Path, dtype: torch.dtype) -> t
     """(config, bytes of the weights once loaded in ``dtype``, checkpoint) from the file headers alone."""
     checkpoint = open_checkpoint(path, spec.component)
     pieces, shapes = plan_checkpoint(spec, checkpoint)
-    config = spec.config(shapes, checkpoint)
+    config = read_config(spec, shapes, checkpoint)
     itemsize = torch.finfo(dtype).bits // 8
     total = sum(_numel(shape) for key, shape in shapes.items() if key in pieces and spec.wanted(key))
     return config, total * itemsize, checkpoint
+
+
+def read_config(spec: ComponentSpec, shapes: dict[str, tuple[int, ...]], checkpoint: Checkpoint):
+    """The spec's config from the shapes; shapes no model has (a corrupt header) become a clear error."""
+    try:
+        return spec.config(shapes, checkpoint)
+    except Flux2Error:
+        raise
+    except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError) as e:
+        raise Flux2Error(
+            f"{checkpoint.name}: its tensor shapes do not form a {spec.what} ({type(e).__name__}: {e}): the "
+            "file is corrupt or not this kind of model"
+        ) from None
 
 
 def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> tuple[Plan, dict[str, tuple[int, ...]]]:
@@ -137,6 +150,17 @@ def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> tuple[Plan, 
         key: [(names[short], placement) for short, placement in parts]
         for key, parts in plan(names, spec.keymap, spec.keymap.up_levels(names)).items()
     }
+    for key, parts in pieces.items():  # a fused tensor needs every one of its parts (q, k and v)
+        count = parts[0][1].into.count if parts[0][1].into is not None else 1
+        if len(parts) > count or (count > 1 and any(p.into is None for _, p in parts)):
+            raise Flux2Error(
+                f"{checkpoint.name} holds {key} more than once ({', '.join(k for k, _ in parts)}): the file "
+                "mixes two namings; use a clean copy of the model"
+            )
+        if len(parts) < count:
+            raise Flux2Error(
+                f"{checkpoint.name}: {key} is missing some of its parts (e.g. q/k/v); the file is incomplete"
+            )
     # Header metadata describes the whole file: judge it only when the file holds this component alone.
     metadata = checkpoint.metadata if len(names) == len(checkpoint.tensors) else {}
     reject_quantized(checkpoint.tensors, metadata, checkpoint.name, names.values())

@@ -86,8 +86,10 @@ class Linear(nn.Module):
     def add_patch(self, key: str, patch: LowRankPatch) -> None:
         offset, size = patch.rows or (0, self.out_features)
         shape = (size, self.in_features)
+        halves_fit = patch.up.ndim == patch.down.ndim == 2 and patch.up.shape[1] == patch.down.shape[0]
         if (
-            offset < 0
+            not halves_fit
+            or offset < 0
             or offset + size > self.out_features
             or (patch.up.shape[0], patch.down.shape[1]) != shape
         ):

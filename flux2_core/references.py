@@ -130,7 +130,13 @@ def scaled_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
     if width * height <= max_pixels:
         return width, height
     scale = math.sqrt(max_pixels / (width * height))
-    return int(width * scale), int(height * scale)
+    size = int(width * scale), int(height * scale)
+    if min(size) < MIN_SIDE:
+        raise Flux2Error(
+            f"a {width}x{height} reference capped at {max_pixels} pixels would be {size[0]}x{size[1]}, under "
+            f"{MIN_SIDE} px a side: raise the pixel cap (max_megapixels / --reference-max-pixels)"
+        )
+    return size
 
 
 def processed_size(width: int, height: int, max_pixels: int = MAX_REFERENCE_PIXELS) -> tuple[int, int]:

@@ -71,12 +71,17 @@ def output_size(width: int | None, height: int | None, reference_size: tuple[int
 
 def check_conditioning(model: Flux2Model, conditioning: torch.Tensor, what: str = "conditioning") -> None:
     """The text encoder must match the DiT: klein 4B <-> Qwen3-4B (7680), klein 9B <-> Qwen3-8B (12288)."""
-    need, got = model.config.context_in_dim, conditioning.shape[-1]
+    check_text_width(model.config, model.name, conditioning.shape[-1], what)
+
+
+def check_text_width(config, name: str, got: int, what: str = "conditioning") -> None:
+    """The same check from shapes alone (before anything is loaded)."""
+    need = config.context_in_dim
     if need != got:
         wanted = TEXT_ENCODER_FOR_CONTEXT.get(need, f"a text encoder of width {need // 3}")
         given = TEXT_ENCODER_FOR_CONTEXT.get(got, f"a text encoder of width {got // 3}")
         raise Flux2Error(
-            f"{model.name} needs {wanted}: {need}-wide conditioning, this {what} gives {got} "
+            f"{name} needs {wanted}: {need}-wide conditioning, this {what} gives {got} "
             f"(made by {given}); "
             f"load {wanted} instead"
         )

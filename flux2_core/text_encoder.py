@@ -23,7 +23,7 @@ from .configs import FLUX2, preset_name
 from .errors import Flux2Error
 from .hooks import before_each, calling
 from .keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
-from .loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint
+from .loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint, read_config
 from .ops import adopt_linears
 from .tokenizer import (
     NUM_BPE_TOKENS,
@@ -193,7 +193,7 @@ def text_encoder_from_state_dict(
 def read_qwen3_shape(state_dict: dict[str, torch.Tensor], what: str = "the text encoder") -> Qwen3Shape:
     """The Qwen3 shape of in-memory tensors (any accepted naming; meta tensors too), reading no data."""
     checkpoint = Checkpoint(Path(what), state_dict)
-    return QWEN3_SPEC.config(plan_checkpoint(QWEN3_SPEC, checkpoint)[1], checkpoint)
+    return read_config(QWEN3_SPEC, plan_checkpoint(QWEN3_SPEC, checkpoint)[1], checkpoint)
 
 
 def _finish(loaded, tokenizer: TextTokenizer | None, device) -> TextEncoder:

@@ -338,3 +338,61 @@ def test_the_cli_shows_no_traceback_in_a_real_process(files, tmp_path):
         result.stderr.strip().splitlines()[-1]
         == "error: steps is 0: use 1 to 200 steps (4 for distilled models, ~50 for base)"
     )
+
+
+def test_corrupt_shapes_in_a_header_are_clear_errors(files, tmp_path):
+    sd = load_file(files["model"])
+    sd["double_blocks.0.img_attn.norm.query_norm.scale"] = torch.zeros(0)
+    save_file(sd, tmp_path / "zero.safetensors")
+    with pytest.raises(Flux2Error, match="tensor shapes do not form a diffusion model"):
+        load_transformer(tmp_path / "zero.safetensors")
+    sd = load_file(files["model"])
+    sd["img_in.weight"] = sd["img_in.weight"].flatten()
+    save_file(sd, tmp_path / "flat.safetensors")
+    with pytest.raises(Flux2Error, match="tensor shapes do not form a diffusion model"):
+        load_transformer(tmp_path / "flat.safetensors")
+    sd = load_file(files["model"])
+    sd["double_blocks.\u00b2.img_attn.qkv.weight"] = torch.zeros(1)  # a superscript two is no block number
+    save_file(sd, tmp_path / "digit.safetensors")
+    with pytest.raises(Flux2Error, match="has no valid block number"):
+        load_transformer(tmp_path / "digit.safetensors")
+
+
+def test_a_tensor_named_twice_and_a_missing_qkv_part_are_named(files, tmp_path):
+    sd = load_file(files["model"])
+    norm = "double_blocks.0.img_attn.norm.query_norm"
+    sd[f"{norm}.weight"] = sd[f"{norm}.scale"].clone()  # ComfyUI's name beside BFL's
+    save_file(sd, tmp_path / "twice.safetensors")
+    with pytest.raises(
+        Flux2Error, match="holds double_blocks.0.img_attn.norm.query_norm.scale more than once"
+    ):
+        load_transformer(tmp_path / "twice.safetensors")
+    from tiny_dit import write_diffusers_folder
+
+    root = write_diffusers_folder(make_diffusers_dit(seed=7), tmp_path / "repo")
+    shards = sorted((root / "transformer").glob("*.safetensors"))
+    tensors = {}
+    for shard in shards:
+        tensors.update(load_file(shard))
+        shard.unlink()
+    for index in (root / "transformer").glob("*.index.json"):
+        index.unlink()
+    del tensors["transformer_blocks.0.attn.to_k.weight"]
+    save_file(tensors, root / "transformer" / "diffusion_pytorch_model.safetensors")
+    with pytest.raises(Flux2Error, match="double_blocks.0.img_attn.qkv.weight is missing some of its parts"):
+        load_transformer(root)
+
+
+def test_a_patch_whose_halves_do_not_fit_is_refused(files):
+    from flux2_core.ops import LowRankPatch
+
+    layer = load_transformer(files["model"]).transformer.img_in
+    with pytest.raises(ValueError, match="does not fit"):
+        layer.add_patch("bad", LowRankPatch(torch.zeros(32, 2), torch.zeros(3, 128)))
+
+
+def test_a_pixel_cap_that_would_shrink_a_reference_under_64_px_is_named():
+    from flux2_core.references import scaled_size
+
+    with pytest.raises(Flux2Error, match="would be 181x22, under 64 px a side: raise the pixel cap"):
+        scaled_size(512, 64, 4096)

@@ -134,3 +134,64 @@ def test_a_download_says_what_it_fetches_its_size_and_where_first(tmp_path, monk
     assert hub.local_path("org/repo", "vae") == tmp_path / "snap"
     assert f"downloading 3 file(s), 1.00 GB of org/repo into {tmp_path}" in caplog.text
     assert fetched == [("org/repo", ("model_index.json", "vae/*.safetensors", "vae/*.json"))]
+
+
+def test_the_cache_folder_is_resolved_as_huggingface_hub_resolves_it(monkeypatch, tmp_path):
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hub.cache_dir() == str(tmp_path / "xdg" / "huggingface" / "hub")
+    monkeypatch.setenv("HF_HOME", "~/hf")
+    assert hub.cache_dir().endswith("/hf/hub") and "~" not in hub.cache_dir()
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "legacy"))
+    assert hub.cache_dir() == str(tmp_path / "legacy")
+
+
+def test_a_pr_revision_and_an_unreachable_hub(monkeypatch, tmp_path):
+    assert hub.parse("org/repo@refs/pr/3") == hub.HubRef("org/repo", "refs/pr/3", None)
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    message = str(
+        hub._hub_error(hub.HubRef("org/repo", None, "x.safetensors"), LocalEntryNotFoundError("no"))
+    )
+    assert "could not reach the Hugging Face Hub" in message and "has no file" not in message
+
+
+def test_a_download_cut_short_goes_online_again(cache, monkeypatch, tmp_path):
+    """A snapshot whose shard index names a shard that never arrived is not taken as complete."""
+    import shutil
+
+    import huggingface_hub
+
+    copy = tmp_path / "hub"
+    shutil.copytree(cache, copy)
+    snapshot = copy / f"models--{hub.DEFAULT_MODEL.replace('/', '--')}" / "snapshots" / COMMIT / "transformer"
+    shards = sorted(snapshot.glob("*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].unlink()
+    monkeypatch.setenv("HF_HUB_CACHE", str(copy))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    online = []
+    real = huggingface_hub.snapshot_download
+
+    def snapshot_download(**kwargs):
+        if not kwargs.get("local_files_only"):
+            online.append(kwargs["repo_id"])
+            raise RuntimeError("network used")
+        return real(**kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(hub, "_remote_files", lambda ref, patterns: {"transformer/x.safetensors": 1})
+    with pytest.raises(Flux2Error, match="network used"):
+        hub.local_path(hub.DEFAULT_MODEL, "transformer")
+    assert online == [hub.DEFAULT_MODEL]
+
+
+def test_a_local_diffusers_repository_gives_its_own_text_encoder_and_vae(cache, tmp_path, caplog):
+    root = cache / f"models--{hub.DEFAULT_MODEL.replace('/', '--')}" / "snapshots" / COMMIT
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "local.png"
+    code = main(["generate", "--prompt", "x", "--model", str(root), "--width", "64", "--height", "64",
+                 "--steps", "1", "--output", str(out)])  # fmt: skip
+    assert code == 0 and out.exists()
+    assert f"text encoder and VAE: from {root}, the model's own repository" in caplog.text
