@@ -61,6 +61,13 @@ class RefKVStore:
         self._entries.clear()
         self.hits = self.misses = 0
 
+    def forget_model(self, net: torch.nn.Module) -> None:
+        """Drop every entry of this model (it is leaving its device)."""
+        token = getattr(net, "_kv_store_token", None)
+        if token is not None and any(k[0] == token for k in self._entries):
+            self.forget(token)
+            log.info("reference K/V of a model that left its device dropped")
+
     def forget(self, token: str) -> None:
         for key in [k for k in self._entries if k[0] == token]:
             del self._entries[key]

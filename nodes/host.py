@@ -86,6 +86,18 @@ def manage(module: torch.nn.Module, load_device: torch.device, offload_device: t
     return comfy.model_patcher.ModelPatcher(holder, load_device, offload_device, size=size)
 
 
+def on_unload(patcher, callback) -> None:
+    """Run ``callback()`` whenever ComfyUI unloads the module (to make room, say). ComfyUI also detaches a
+    model without unpatching it each time it is loaded again; that one keeps it in place and is ignored."""
+    import comfy.patcher_extension
+
+    def detached(patcher, unpatch_all=True):
+        if unpatch_all:
+            callback()
+
+    patcher.add_callback(comfy.patcher_extension.CallbacksMP.ON_DETACH, detached)
+
+
 def load(patcher, memory_required: int = 0) -> None:
     """Move the whole module to its load device, letting ComfyUI evict other models first so that
     ``memory_required`` bytes stay free for the activations."""

@@ -12,6 +12,7 @@ import torch
 from ..flux2_core import KLEIN_VARIANTS, Flux2Error, load_text_encoder, load_transformer, load_vae
 from . import host, types
 from .model_files import empty_folder_entry, empty_folder_message
+from .sampler import KV_STORE
 from .types import socket
 
 VARIANTS = ("auto", *KLEIN_VARIANTS)
@@ -72,7 +73,10 @@ class Flux2KleinModelLoader:
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
         path = _path("diffusion_models", model_name)
         model = load_transformer(path, variant=variant, dtype=dtype, device=offload_device)
-        return (types.KleinModel(model, host.manage(model.transformer, load_device, offload_device)),)
+        patcher = host.manage(model.transformer, load_device, offload_device)
+        # the 9B-KV references' K/V kept for this model live on its device: they go when it leaves it
+        host.on_unload(patcher, lambda: KV_STORE.forget_model(model.transformer))
+        return (types.KleinModel(model, patcher),)
 
 
 class Flux2KleinTextEncoderLoader:

@@ -27,6 +27,7 @@ HOST_MODULES = (
     "comfy.utils",
     "comfy.model_management",
     "comfy.model_patcher",
+    "comfy.patcher_extension",
     "comfy.latent_formats",
     "latent_preview",
 )
@@ -77,6 +78,7 @@ class FakeHost:
             "folder_paths": self._folder_paths(),
             "comfy.utils": self._utils(),
             "comfy.model_management": self._model_management(),
+            "comfy.patcher_extension": self._patcher_extension(),
             "comfy.model_patcher": self._model_patcher(),
             "comfy.latent_formats": self._latent_formats(),
             "latent_preview": self._latent_preview(),
@@ -154,7 +156,7 @@ class FakeHost:
 
         def unload_model_and_clones(model, unload_additional_models=True, all_devices=False):
             host.unloads.append(model)
-            model.move_to(model.offload_device)
+            model.detach()
 
         def interrupt_current_processing(value=True):
             host.interrupted = value
@@ -189,7 +191,21 @@ class FakeHost:
                 self.model.to(device)
                 self.model.device = device  # the real patcher's load() and detach() do the same
 
+            def detach(self):  # as the real one: to the offload device, then its ON_DETACH callbacks
+                self.move_to(self.offload_device)
+                for callback in getattr(self, "detach_callbacks", []):
+                    callback(self, True)
+
+            def add_callback(self, call_type, callback):
+                assert call_type == "on_detach_after", call_type
+                self.detach_callbacks = [*getattr(self, "detach_callbacks", []), callback]
+
         module.ModelPatcher = ModelPatcher
+        return module
+
+    def _patcher_extension(self) -> ModuleType:
+        module = ModuleType("comfy.patcher_extension")
+        module.CallbacksMP = type("CallbacksMP", (), {"ON_DETACH": "on_detach_after"})
         return module
 
     def _latent_formats(self) -> ModuleType:

@@ -511,3 +511,6 @@ def test_kv_cache_is_reused_across_runs_with_the_same_output(nodes, pack, loaded
     (other,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(64, 64, seed=2))
     run_sampler(nodes, loaded, model=kv_model, references=other, width=64, height=64)
     assert (store.misses, len(store)) == (2, 2)  # another reference misses
+    host = sys.modules[f"{pack.__name__}.nodes.host"]
+    host.unload(kv_model.patcher)  # ComfyUI detaches the model: its entries go with it
+    assert len(store) == 0

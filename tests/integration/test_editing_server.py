@@ -4,6 +4,8 @@ before sampling while the server keeps serving."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from conftest import MASKED
 from PIL import Image
@@ -72,6 +74,13 @@ def test_kv_cache_is_reused_across_runs_and_gives_the_cold_output(comfy):
     _kv_run(comfy, [refs[0], comfy.upload((80, 80))], "a new prompt", 2)  # another reference 2: a miss
     assert comfy.log().count(COMPUTED) == computed + 1
     assert COMPUTED in comfy.log()[len(log_before) :]
+    # unloading the models (the manager's "free" button) drops the model's entries with it
+    status, _ = comfy.post_json("/free", {"unload_models": True, "free_memory": True})
+    assert status == 200
+    deadline = time.monotonic() + 30
+    while "left its device dropped" not in comfy.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "reference K/V of a model that left its device dropped" in comfy.log()
 
 
 def test_five_references_of_five_sizes_run(comfy):
