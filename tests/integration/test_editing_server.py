@@ -112,3 +112,41 @@ def test_a_request_that_cannot_fit_is_refused_before_sampling_and_the_server_kee
     assert "lower width/height, the batch size" in message
     (image,) = comfy.images(comfy.run(small_text_to_image(comfy), timeout=120)).values()
     assert image.size == (64, 64)
+
+
+def test_native_encode_mask_and_decode_work_with_our_sampler(comfy):
+    """Native VAEEncode + LoadImageMask + SetLatentNoiseMask feeding our sampler, decoded by native VAEDecode,
+    against our own inpaint chain on the same picture and mask."""
+    name = comfy.upload(MASKED)
+
+    def node(class_type, **inputs):
+        return {"class_type": class_type, "inputs": inputs}
+
+    common = dict(seed=11, steps=3, guidance=1.0, width=0, height=0, batch_size=1)
+    g = {
+        "1": node("Flux2KleinModelLoader", model_name="flux-2-klein-4b.safetensors", variant="distilled"),
+        "2": node("Flux2KleinTextEncoderLoader", text_encoder_name="qwen_3_4b.safetensors"),
+        "3": node("Flux2KleinVAELoader", vae_name="flux2-vae.safetensors"),
+        "4": node("Flux2KleinTextEncode", text_encoder=["2", 0], text="a red box"),
+        "5": node("LoadImage", image=name),
+        # ours
+        "10": node("Flux2KleinInpaintPrepare", vae=["3", 0], image=["5", 0], mask=["5", 1], grow_mask=0),
+        "11": node("Flux2KleinSampler", model=["1", 0], positive=["4", 0], latent=["10", 0],
+                   references=["10", 1], **common),
+        "12": node("Flux2KleinDecode", vae=["3", 0], latent=["11", 0]),
+        "13": node("SaveImage", images=["12", 0], filename_prefix="interop/ours"),
+        # native encode, mask and decode around our sampler
+        "20": node("VAELoader", vae_name="flux2-vae.safetensors"),
+        "21": node("VAEEncode", pixels=["5", 0], vae=["20", 0]),
+        "22": node("LoadImageMask", image=name, channel="alpha"),
+        "23": node("SetLatentNoiseMask", samples=["21", 0], mask=["22", 0]),
+        "24": node("Flux2KleinReferenceEncode", vae=["3", 0], image=["5", 0]),
+        "25": node("Flux2KleinSampler", model=["1", 0], positive=["4", 0], latent=["23", 0],
+                   references=["24", 0], **common),
+        "26": node("VAEDecode", samples=["25", 0], vae=["20", 0]),
+        "27": node("SaveImage", images=["26", 0], filename_prefix="interop/native"),
+    }  # fmt: skip
+    images = comfy.images(comfy.run(g, timeout=300))
+    ours, native = (np.asarray(images[k].convert("RGB")).astype(int) for k in ("13", "27"))
+    assert ours.shape == native.shape == (64, 96, 3)
+    assert np.abs(ours - native).max() <= 2, np.abs(ours - native).max()
