@@ -135,3 +135,14 @@ def test_bad_editing_requests_are_clear_errors(files, tmp_path, caplog, extra, m
     import re
 
     assert re.search(message, caplog.text), caplog.text
+
+
+def test_the_kv_models_reference_pass_runs_once_for_every_prompt(files, tmp_path, monkeypatch):
+    import flux2_core.sampling as sampling
+
+    calls = []
+    real = sampling.encode_reference_kv
+    monkeypatch.setattr(sampling, "encode_reference_kv", lambda *a: calls.append(1) or real(*a))
+    extra = ["--variant", "kv", "--reference", str(files["image"]), "--width", "64", "--height", "64"]
+    assert _run(files, tmp_path / "kv.png", *extra, prompts=("one", "two", "three")) == 0
+    assert len(calls) == 1 and len(list(tmp_path.glob("kv-*.png"))) == 3
