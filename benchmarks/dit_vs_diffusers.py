@@ -10,18 +10,14 @@ time of each and the ratio. Needs the test extra (diffusers).
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from tiny_dit import make_diffusers_dit, write_bfl_file  # noqa: E402
+from tiny_dit import write_bfl_file  # noqa: E402
 
 from flux2_core.dit_files import load_transformer  # noqa: E402
 from flux2_core.rope import image_ids, reference_ids, text_ids  # noqa: E402
@@ -42,26 +38,13 @@ def timed(fn, repeats: int, device: torch.device) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--size", type=int, default=512, help="image side in pixels")
+    parser = klein_shapes.parser(__doc__.splitlines()[0], "image side in pixels")
     parser.add_argument("--reference", action="store_true", help="add one reference of the same size")
-    parser.add_argument("--heads", type=int, default=8, help="hidden size = heads x 128")
-    parser.add_argument("--depth", type=int, default=2, help="double blocks (single blocks: 4x)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     hidden = args.heads * 128
-    reference = make_diffusers_dit(
-        seed=0,
-        num_layers=args.depth,
-        num_single_layers=4 * args.depth,
-        attention_head_dim=128,
-        num_attention_heads=args.heads,
-        joint_attention_dim=3 * hidden,
-        axes_dims_rope=(32, 32, 32, 32),
-    ).to(device, dtype)
+    reference = klein_shapes.klein_shaped_dit(args.heads, args.depth)
     with tempfile.TemporaryDirectory() as tmp:
         ours = load_transformer(
             write_bfl_file(reference.float().cpu(), Path(tmp) / "bench.safetensors"),

@@ -11,44 +11,27 @@ same prompt and seed are identical.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from tiny_dit import make_diffusers_dit, write_bfl_file  # noqa: E402
+from tiny_dit import write_bfl_file  # noqa: E402
 
 from flux2_core import ReferenceLatents, RefKVStore, SampleSettings, encode_reference_kv, sample  # noqa: E402
 from flux2_core.dit_files import load_transformer  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--size", type=int, default=512, help="output and reference side in pixels")
+    parser = klein_shapes.parser(__doc__.splitlines()[0], "output and reference side in pixels")
     parser.add_argument("--refs", type=int, default=2, help="references of the same size")
-    parser.add_argument("--heads", type=int, default=8, help="hidden size = heads x 128")
-    parser.add_argument("--depth", type=int, default=2, help="double blocks (single blocks: 4x)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     hidden = args.heads * 128
-    dit = make_diffusers_dit(
-        seed=0,
-        num_layers=args.depth,
-        num_single_layers=4 * args.depth,
-        attention_head_dim=128,
-        num_attention_heads=args.heads,
-        joint_attention_dim=3 * hidden,
-        axes_dims_rope=(32, 32, 32, 32),
-    )
+    dit = klein_shapes.klein_shaped_dit(args.heads, args.depth)
     with tempfile.TemporaryDirectory() as tmp:
         model = load_transformer(
             write_bfl_file(dit, Path(tmp) / "bench.safetensors"), variant="kv", dtype=dtype, device=device

@@ -1,0 +1,37 @@
+"""What the benchmarks share: the command-line options of a klein-shaped DiT and the random DiT itself."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from tiny_dit import make_diffusers_dit  # noqa: E402
+
+
+def parser(description: str, size_help: str) -> argparse.ArgumentParser:
+    """Device, dtype, image size, width (heads x 128) and depth of the benchmarked DiT."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--size", type=int, default=512, help=size_help)
+    p.add_argument("--heads", type=int, default=8, help="hidden size = heads x 128")
+    p.add_argument("--depth", type=int, default=2, help="double blocks (single blocks: 4x)")
+    return p
+
+
+def klein_shaped_dit(heads: int, depth: int):
+    """A diffusers FLUX.2 DiT with klein's head size (128) and RoPE axes, of reduced width and depth."""
+    return make_diffusers_dit(
+        seed=0,
+        num_layers=depth,
+        num_single_layers=4 * depth,
+        attention_head_dim=128,
+        num_attention_heads=heads,
+        joint_attention_dim=3 * heads * 128,
+        axes_dims_rope=(32, 32, 32, 32),
+    )
