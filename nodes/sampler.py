@@ -133,7 +133,8 @@ class Flux2KleinSampler:
         check_request(*settings_numbers(settings))  # linked values skip the widget ranges
         grid = (height // SIZE_MULTIPLE, width // SIZE_MULTIPLE)
         noise_mask = latent.get("noise_mask") if isinstance(latent, dict) else None
-        start = convert.latent_samples(latent) if denoise < 1.0 or noise_mask is not None else None
+        editing = latent is not None and (denoise < 1.0 or noise_mask is not None)
+        start = convert.latent_samples(latent) if editing else None  # else the core says what is missing
         mask = latent_mask(noise_mask, grid) if noise_mask is not None else None
         required = estimate_memory(model.model, settings, references)
         host.load(model.patcher, required)

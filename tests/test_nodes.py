@@ -454,6 +454,8 @@ def test_img2img_from_an_encoded_image(nodes, loaded):
     assert not torch.equal(kept, noise_only) and kept.shape == noise_only.shape
     with pytest.raises(Exception, match="strength \\(denoise\\) is 1.5"):
         run_sampler(nodes, loaded, latent=latent, denoise=1.5)
+    with pytest.raises(Exception, match="needs an image \\(latent\\) to start from: connect one"):
+        run_sampler(nodes, loaded, denoise=0.5)
 
 
 def test_inpaint_chain_keeps_every_pixel_outside_the_mask(nodes, loaded):
