@@ -174,7 +174,7 @@ def generate(args: argparse.Namespace) -> list[Path]:
     )  # inpaint: reference 1
     num_ref_tokens = (sum(w * h for w, h in sizes) + source_tokens) // FLUX2.size_multiple**2
     activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens)
-    what = f"{width}x{height} with {len(images)} reference(s)"
+    what = f"{width}x{height} with {len(images)} reference(s) ({num_ref_tokens} reference tokens)"
     inputs.check_memory(device, dit_bytes, te_bytes, activations, what)
     del checkpoint
 
