@@ -257,19 +257,22 @@ def _edit(args: argparse.Namespace, max_pixels: int) -> Edit | None:
         if args.strength is not None:
             raise Flux2Error("--strength needs an image to start from: give it with --image")
         return None
+    if args.strength is not None and not 0.0 <= args.strength <= 1.0:
+        raise Flux2Error(
+            f"strength (denoise) is {args.strength}: use a value from 0 (keep the image) to 1 (repaint)"
+        )
+    if args.width is not None or args.height is not None:
+        raise Flux2Error("--width/--height do not apply with --image: the output takes the image's size")
     image = inputs.open_image(args.image)
     if args.mask is None and args.outpaint is None:
         strength = IMG2IMG_STRENGTH if args.strength is None else args.strength
         return Edit(image, processed_size(*inputs.image_size(image), max_pixels), strength, max_pixels)
-    if args.width is not None or args.height is not None:
-        raise Flux2Error(
-            "--width/--height do not apply to an inpaint or outpaint: the output takes the image's size"
-        )
     pixels = inputs.as_tensor(image)
     if args.outpaint is not None:
         if args.mask is not None:
             raise Flux2Error("give --mask or --outpaint, not both")
-        pixels, mask = outpaint_canvas(pixels, *_sides(args.outpaint), feather=args.mask_feather)
+        # at least a 1 px fade, so the composite keeps the new area wholly painted
+        pixels, mask = outpaint_canvas(pixels, *_sides(args.outpaint), feather=max(1, args.mask_feather))
     else:
         mask = inputs.open_mask(args.mask, (pixels.shape[1], pixels.shape[0]))
     crop, crop_mask, stitch = prepare_inpaint(pixels, mask, max_pixels=max_pixels)
@@ -287,8 +290,10 @@ def _encode_edit(vae, edit: Edit | None, references, grid):
         return None, None, references
     # img2img: capped and cropped as references are; inpaint: the prepared crop, already at its size
     start = vae.encode(prepare_reference(edit.pixels, edit.max_pixels)).float().cpu()
-    if tuple(start.shape[-2:]) != grid:
-        raise Flux2Error(f"the image encodes to a {start.shape[-1]}x{start.shape[-2]} latent, not {grid}")
+    if tuple(start.shape[-2:]) != grid:  # cannot happen: the output size is the encoded image's
+        raise Flux2Error(
+            f"the image encodes to a {start.shape[-1]}x{start.shape[-2]} latent grid, not {grid[1]}x{grid[0]}"
+        )
     if edit.mask is None:
         return start, None, references
     source = ReferenceLatents.from_latents([start])

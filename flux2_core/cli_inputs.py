@@ -19,6 +19,7 @@ from .limits import check_fits
 log = logging.getLogger("flux2_core")
 
 MIN_REFERENCE_PIXELS = 64 * 64
+HIGH_BIT_DEPTH = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
 IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
 
 
@@ -121,7 +122,7 @@ def open_image(path: str):
     try:
         with Image.open(path) as image:
             image = ImageOps.exif_transpose(image)
-            if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+            if image.mode in HIGH_BIT_DEPTH:
                 scale = 1.0 if image.mode == "F" else 65535.0
                 gray = np.asarray(image, dtype=np.float32) / scale
                 return torch.from_numpy(np.repeat(gray[..., None], 3, axis=-1)).clamp(0, 1)
@@ -173,17 +174,22 @@ def open_mask(path: str, size: tuple[int, int]) -> torch.Tensor:
     ``size`` (width, height)."""
     try:
         with Image.open(path) as image:
-            mask = ImageOps.exif_transpose(image).convert("L")
+            image = ImageOps.exif_transpose(image)
+            if image.mode in HIGH_BIT_DEPTH:  # scaled like open_image, not clipped at 255
+                values = np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
+            else:
+                values = np.asarray(image.convert("L"), dtype=np.float32) / 255.0
     except Image.DecompressionBombError as e:
         raise Flux2Error(f"the mask {path} is refused as a possible decompression bomb ({e})") from None
     except (OSError, ValueError) as e:
         raise Flux2Error(f"could not read the mask {path} ({e}): use a PNG (white = repaint)") from None
-    if mask.size != tuple(size):
+    if values.shape[::-1] != tuple(size):
+        height, width = values.shape
         raise Flux2Error(
-            f"the mask {path} is {mask.size[0]}x{mask.size[1]} but the image is {size[0]}x{size[1]}: use a "
+            f"the mask {path} is {width}x{height} but the image is {size[0]}x{size[1]}: use a "
             "mask of the image's size"
         )
-    return torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)
+    return torch.from_numpy(values).clamp(0, 1)
 
 
 def as_tensor(image) -> torch.Tensor:

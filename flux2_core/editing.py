@@ -22,20 +22,26 @@ import torch.nn.functional as F
 from .configs import FLUX2
 from .errors import Flux2Error
 from .flow import Blend
+from .limits import MAX_SIZE
 
 MAX_UPSCALE = 4.0  # crop-to-mask enlarges a small box at most this much
 
 
-def latent_mask(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-    """A pixel mask [H, W], [B, H, W] or [B, 1, H, W] (1 = repaint) -> packed latent mask [B, h * w, 1]."""
+def latent_mask(mask: torch.Tensor, grid: tuple[int, int], batch: int | None = None) -> torch.Tensor:
+    """A pixel mask [H, W], [B, H, W] or [B, 1, H, W] (1 = repaint) -> packed latent mask [B, h * w, 1].
+
+    With ``batch``, the masks are repeated or cut to that many, as ComfyUI does for a latent batch.
+    """
     if mask.ndim == 2:
         mask = mask[None]
     if mask.ndim == 3:
         mask = mask[:, None]
-    if mask.ndim != 4 or mask.shape[1] != 1:
+    if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[0] == 0 or min(mask.shape[-2:]) == 0:
         raise Flux2Error(
             f"the mask has shape {list(mask.shape)}: expected [height, width] or [batch, height, width]"
         )
+    if batch is not None and mask.shape[0] != batch:
+        mask = mask.repeat(math.ceil(batch / mask.shape[0]), 1, 1, 1)[:batch]
     binary = (mask.float() >= 0.5).float()  # diffusers binarises at 0.5 inclusive
     small = F.interpolate(binary, size=grid, mode="bilinear")
     return small.flatten(2).transpose(1, 2)  # [B, h * w, 1]
@@ -73,10 +79,10 @@ def prepare_inpaint(
     """(image crop [h, w, 3], its mask [h, w], stitch) ready to encode: the whole image, or with
     ``crop_to_mask`` the mask's bounding box plus ``context`` pixels, scaled to about ``max_pixels`` (a
     small box is enlarged up to 4x, so a tiny mask on a big picture samples only its neighbourhood)."""
+    if not bool((mask >= 0.5).any()):  # before the size check: Load Image gives 64x64 zeros when unpainted
+        raise Flux2Error("the mask is empty: paint the area to repaint (white, 1) before inpainting")
     image, mask = _check_pair(image, mask)
     mask = grow_mask(mask, grow)
-    if not bool((mask > 0.5).any()):
-        raise Flux2Error("the mask is empty: paint the area to repaint (white, 1) before inpainting")
     height, width = mask.shape
     box = _mask_box(mask, context, width, height) if crop_to_mask else (0, 0, width, height)
     size = _sample_size(box[2], box[3], max_pixels, enlarge=crop_to_mask)
@@ -96,7 +102,7 @@ def composite(decoded: torch.Tensor, stitch: Stitch, feather: int = 0) -> torch.
             f"{stitch.size[0]}x{stitch.size[1]}: connect the decode of this inpaint's latent"
         )
     patch = resize_image(decoded.float().cpu(), (bw, bh))
-    weight = feather_inward(stitch.mask, feather)[top : top + bh, left : left + bw, None]
+    weight = blend_weight(stitch.mask[top : top + bh, left : left + bw], feather)[..., None]
     out = stitch.original.clone()
     region = out[top : top + bh, left : left + bw]
     out[top : top + bh, left : left + bw] = torch.where(
@@ -109,7 +115,8 @@ def outpaint_canvas(
     image: torch.Tensor, left: int, top: int, right: int, bottom: int, feather: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The image [H, W, 3] on a larger canvas (new area mid grey, as ComfyUI's outpaint padding) and the
-    mask of what to paint: 1 on the new area, ramping down to 0 over ``feather`` pixels into the original."""
+    mask of what to paint: 1 on the new area, fading from just under 1 to 0 over ``feather`` pixels into the
+    original (the composite blends through that fade, and keeps the new area wholly painted)."""
     m = FLUX2.size_multiple
     for name, value in (("left", left), ("top", top), ("right", right), ("bottom", bottom)):
         if value < 0 or value % m:
@@ -127,29 +134,44 @@ def outpaint_canvas(
         sides = ((ys, top), (height - 1 - ys, bottom), (xs, left), (width - 1 - xs, right))
         distances = [d for d, padded in sides if padded]
         nearest = torch.stack([d.expand(height, width) for d in distances]).amin(0)
-        inner = (1.0 - nearest / feather).clamp(min=0.0)
+        inner = (1.0 - (nearest + 1) / (feather + 1)).clamp(min=0.0)  # strictly under 1: a fade
     mask[top : top + height, left : left + width] = inner
     return canvas, mask
 
 
 def grow_mask(mask: torch.Tensor, pixels: int) -> torch.Tensor:
-    """The mask dilated by ``pixels`` (a square neighbourhood), as a float [H, W] mask."""
+    """The mask dilated by ``pixels`` (a square neighbourhood), as a float [H, W] mask: a row pass then a
+    column pass, so the cost grows linearly with ``pixels``."""
     if pixels <= 0:
         return mask.float()
-    return F.max_pool2d(mask.float()[None, None], 2 * pixels + 1, stride=1, padding=pixels)[0, 0]
+    k = 2 * pixels + 1
+    rows = F.max_pool2d(mask.float()[None, None], (1, k), stride=1, padding=(0, pixels))
+    return F.max_pool2d(rows, (k, 1), stride=1, padding=(pixels, 0))[0, 0]
 
 
 def feather_inward(mask: torch.Tensor, pixels: int) -> torch.Tensor:
-    """The binary mask with a ramp over ``pixels`` inside its edge (1/pixels at the edge, 1 deeper in);
-    0 wherever the mask is 0."""
-    binary = (mask > 0.5).float()
+    """The binary mask (>= 0.5) with a ramp over ``pixels`` inside its edge (1/pixels at the edge, 1 from
+    ``pixels`` deep); 0 wherever the mask is. One 3x3 erosion per pixel of ramp, so linear in ``pixels``."""
+    binary = (mask >= 0.5).float()
     if pixels <= 0:
         return binary
-    outside = (1 - binary)[None, None]
+    inside = binary[None, None]
     total = torch.zeros_like(binary)
-    for k in range(pixels):  # erosion by k pixels, averaged: the depth inside the mask, capped at ``pixels``
-        total += 1 - F.max_pool2d(outside, 2 * k + 1, stride=1, padding=k)[0, 0]
+    for _ in range(pixels):  # the number of erosions a pixel survives: its depth inside the mask
+        total += inside[0, 0]
+        inside = -F.max_pool2d(-inside, 3, stride=1, padding=1)
     return total / pixels
+
+
+def blend_weight(mask: torch.Tensor, feather: int) -> torch.Tensor:
+    """The composite's weight of the repainted image: a hard (0/1) mask with an inward ramp of ``feather``
+    pixels; a mask that fades already (an outpaint mask, whose new area is 1 and whose fade lies inside the
+    original) as it is, so the canvas's placeholder never shows. Exactly 0 wherever the mask is 0: those
+    pixels stay the original's."""
+    soft = mask.float().clamp(0, 1)
+    if feather <= 0 or bool(((soft > 0) & (soft < 1)).any()):
+        return soft  # a mask that fades already (Outpaint Pad's, a soft brush) blends as it is
+    return feather_inward(soft, feather)
 
 
 def resize_image(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -188,7 +210,7 @@ def _check_pair(image: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def _mask_box(mask: torch.Tensor, context: int, width: int, height: int) -> tuple[int, int, int, int]:
-    ys, xs = torch.nonzero(mask > 0.5, as_tuple=True)
+    ys, xs = torch.nonzero(mask >= 0.5, as_tuple=True)
     x0, x1 = max(0, int(xs.min()) - context), min(width, int(xs.max()) + 1 + context)
     y0, y1 = max(0, int(ys.min()) - context), min(height, int(ys.max()) + 1 + context)
     # at least the model's smallest side, grown around the mask's centre and kept inside the image
@@ -212,5 +234,6 @@ def _sample_size(width: int, height: int, max_pixels: int, enlarge: bool) -> tup
     to it, at most 4x)."""
     scale = math.sqrt(max_pixels / (width * height))
     scale = min(scale, MAX_UPSCALE) if enlarge else min(scale, 1.0)
+    scale = min(scale, MAX_SIZE / max(width, height))  # never a side the sampler refuses
     m, low = FLUX2.size_multiple, FLUX2.min_size
     return max(low, int(width * scale) // m * m), max(low, int(height * scale) // m * m)

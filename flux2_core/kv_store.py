@@ -82,11 +82,11 @@ class RefKVStore:
         if budget is None:
             free = available_memory(device)
             budget = int(FREE_MEMORY_SHARE * (free + self.nbytes)) if free is not None else size
-        while self._entries and self.nbytes + size > budget:
-            self._entries.popitem(last=False)
         if size <= budget:
+            while self._entries and self.nbytes + size > budget:
+                self._entries.popitem(last=False)
             self._entries[key] = cache
-        else:
+        else:  # the others stay: this one alone would not fit
             log.info(
                 "reference K/V of %.2f GB exceed the cache budget of %.2f GB: not kept",
                 size / 2**30,

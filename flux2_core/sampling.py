@@ -213,8 +213,16 @@ def _check_editing(start, strength, mask, settings: SampleSettings, grid) -> Non
             f"{', '.join(map(str, expected))}] for {settings.width}x{settings.height}: encode the image at "
             "the output size"
         )
-    if mask is not None and (mask.ndim != 3 or mask.shape[1] != grid[0] * grid[1]):
-        raise Flux2Error(f"the inpaint mask has shape {list(mask.shape)}, not the latent grid {grid}")
+    tokens = grid[0] * grid[1]
+    if mask is not None and (
+        mask.ndim != 3
+        or tuple(mask.shape[1:]) != (tokens, 1)
+        or mask.shape[0] not in (1, settings.batch_size)
+    ):
+        raise Flux2Error(
+            f"the inpaint mask has shape {list(mask.shape)}, not [1 or {settings.batch_size}, {tokens}, 1] "
+            f"for the {grid[1]}x{grid[0]} latent grid: make it with editing.latent_mask"
+        )
 
 
 def settings_numbers(settings: SampleSettings) -> tuple:

@@ -95,6 +95,11 @@ class AutoEncoder(nn.Module):
             raise Flux2Error(f"decoding produced NaN or infinite pixels: {cause}")
         return pixels
 
+    def encode_memory(self, height: int, width: int) -> int:
+        """Peak bytes of encoding one ``width x height`` image: as for decoding, about 8 maps of the
+        encoder's full-resolution width."""
+        return height * width * self.config.ch * 8 * (torch.finfo(self.dtype).bits // 8)
+
     def decode_memory(self, height: int, width: int) -> int:
         """Peak bytes of decoding one ``width x height`` image: the decoder's full-resolution level holds
         about 6 maps of its width (measured 6.2 for a 2048^2 decode); 8 leaves a margin."""

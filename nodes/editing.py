@@ -13,6 +13,7 @@ from ..flux2_core import (
     FLUX2,
     Flux2Error,
     ReferenceLatents,
+    check_size,
     composite,
     outpaint_canvas,
     prepare_inpaint,
@@ -45,12 +46,16 @@ class Flux2KleinEncode:
         }
 
     def encode(self, vae: types.KleinVAE, image):
-        host.load(vae.patcher)
+        height, width = image.shape[1:3]
+        m = FLUX2.size_multiple
+        check_size(width // m * m, height // m * m)  # a side the sampler would refuse is refused here
+        host.load(vae.patcher, vae.vae.encode_memory(height, width))
         latents = []
         for item in convert.image_to_list(image):
             host.check_interrupt()
-            side = max(item.shape[0], item.shape[1])
-            latents.append(vae.vae.encode(prepare_reference(item, max_pixels=side * side)).float())
+            with host.out_of_memory(f"encoding {width}x{height}", "encode a smaller image"):
+                pixels = prepare_reference(item, max_pixels=width * height)
+                latents.append(vae.vae.encode(pixels).float())
         if len({tuple(lat.shape) for lat in latents}) > 1:
             raise Flux2Error("the images of the batch have different sizes: encode them separately")
         return ({"samples": torch.cat(latents).to(host.intermediate_device())},)
@@ -104,10 +109,10 @@ class Flux2KleinInpaintPrepare:
         if image.shape[0] != 1 or (mask.ndim == 3 and mask.shape[0] != 1):
             raise Flux2Error("inpaint one image at a time: the image (and mask) batch must hold one")
         pixels, crop_mask, stitch = prepare_inpaint(image[0], mask, grow_mask, crop_to_mask, context)
-        host.load(vae.patcher)
-        source = vae.vae.encode(
-            prepare_reference(pixels, max_pixels=pixels.shape[0] * pixels.shape[1])
-        ).float()
+        height, width = pixels.shape[:2]
+        host.load(vae.patcher, vae.vae.encode_memory(height, width))
+        with host.out_of_memory(f"encoding {width}x{height}", "use crop_to_mask or a smaller image"):
+            source = vae.vae.encode(prepare_reference(pixels, max_pixels=width * height)).float()
         refs = ReferenceLatents.from_latents([source.cpu()])
         if references is not None:
             refs = refs + references
@@ -167,7 +172,7 @@ class Flux2KleinOutpaintPad:
                 "image": socket(types.IMAGE, "The image to extend."),
                 **sides,
                 "feather": socket(
-                    "INT", "Pixels over which the mask fades into the image.", default=24, min=0, max=512
+                    "INT", "Pixels over which the mask fades into the image.", default=24, min=1, max=512
                 ),  # fmt: skip
             }
         }

@@ -135,7 +135,7 @@ class Flux2KleinSampler:
         noise_mask = latent.get("noise_mask") if isinstance(latent, dict) else None
         editing = latent is not None and (denoise < 1.0 or noise_mask is not None)
         start = convert.latent_samples(latent) if editing else None  # else the core says what is missing
-        mask = latent_mask(noise_mask, grid) if noise_mask is not None else None
+        mask = latent_mask(noise_mask, grid, batch_size) if noise_mask is not None else None
         required = estimate_memory(model.model, settings, references)
         host.load(model.patcher, required)
         tokens = references.num_tokens if references is not None else 0
@@ -160,7 +160,10 @@ class Flux2KleinSampler:
                 mask=mask,
                 kv_cache=cache,
             )
-        return ({"samples": samples.to(host.intermediate_device())},)
+        out = {"samples": samples.to(host.intermediate_device())}
+        if noise_mask is not None:  # kept, as native samplers keep it, for a second (refining) pass
+            out["noise_mask"] = noise_mask
+        return (out,)
 
     @staticmethod
     def _reference_kv(model, references, mode: str):

@@ -396,3 +396,40 @@ def test_a_pixel_cap_that_would_shrink_a_reference_under_64_px_is_named():
 
     with pytest.raises(Flux2Error, match="would be 181x22, under 64 px a side: raise the pixel cap"):
         scaled_size(512, 64, 4096)
+
+
+def test_editing_arguments_are_checked_before_anything_is_loaded(files, tmp_path, caplog, monkeypatch):
+    loaded = []
+    monkeypatch.setattr("flux2_core.dit_files.load_component", lambda *a, **k: loaded.append(a))
+    image = _png(tmp_path / "img.png", np.zeros((64, 96, 3), dtype=np.uint8))
+    for extra, message in [
+        (["--image", str(image), "--strength", "1.5"], "strength (denoise) is 1.5"),
+        (["--image", str(image)], "--width/--height do not apply with --image"),  # _argv gives 64x64
+    ]:
+        caplog.clear()
+        assert main(_argv(files, tmp_path / "o.png", *extra)) == 2
+        assert message in caplog.text, caplog.text
+    assert not loaded
+
+
+def test_a_16_bit_mask_is_scaled_not_clipped(tmp_path):
+    path = _png(tmp_path / "m16.png", np.full((64, 80), 1000, dtype=np.uint16))
+    mask = cli_inputs.open_mask(str(path), (80, 64))
+    assert mask.max().item() == pytest.approx(1000 / 65535)
+
+
+def test_an_entry_too_big_for_the_kv_store_leaves_the_others():
+    from flux2_core.kv_store import RefKVStore
+
+    class Cache:
+        def __init__(self, size):
+            self.size = size
+
+        def nbytes(self):
+            return self.size
+
+    store = RefKVStore(max_bytes=20_000)
+    for i in range(2):
+        store._put(("m", "f32", "cpu", str(i)), Cache(8_000), torch.device("cpu"))
+    store._put(("m", "f32", "cpu", "big"), Cache(40_000), torch.device("cpu"))
+    assert len(store) == 2 and store.nbytes == 16_000

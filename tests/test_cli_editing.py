@@ -90,7 +90,9 @@ def test_outpaint_extends_the_canvas_and_keeps_the_original(files, tmp_path):
     assert _run(files, out, "--image", str(files["image"]), "--outpaint", "0,16,32,0") == 0
     result = _pixels(out)
     assert result.shape == (80, 128, 3)
-    assert np.array_equal(result[16:, :96], _pixels(files["image"]))
+    original = _pixels(files["image"])
+    assert np.array_equal(result[17:, :95], original[1:, :95])  # all but the 1 px fade into the new area
+    assert not np.array_equal(result[16, :95], original[0, :95])
 
 
 def test_img2img_at_full_strength_is_text_to_image_at_the_images_size(files, tmp_path):
@@ -121,7 +123,7 @@ def test_several_prompts_give_one_output_each_equal_to_single_runs(files, tmp_pa
             ["--image", "IMG", "--mask", "SMALL"],
             "is 64x64 but the image is 96x64: use a mask of the image's size",
         ),
-        (["--image", "IMG", "--mask", "MASK", "--width", "64"], "do not apply to an inpaint"),
+        (["--image", "IMG", "--mask", "MASK", "--width", "64"], "do not apply with --image"),
         (["--image", "IMG", "--strength", "1.5"], "strength \\(denoise\\) is 1.5"),
     ],
 )

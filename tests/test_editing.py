@@ -198,7 +198,8 @@ def test_outpaint_canvas_and_its_mask():
     assert canvas.shape == (80, 128, 3) and mask.shape == (80, 128)
     assert torch.equal(canvas[:64, 16:96], image)
     assert (canvas[:, :16] == 0.5).all() and (mask[:, :16] == 1).all() and (mask[64:] == 1).all()
-    assert mask[30, 16].item() == 1.0 and mask[30, 24].item() == 0.0 and mask[30, 50].item() == 0.0
+    assert mask[30, 15].item() == 1.0 and mask[30, 16].item() == pytest.approx(8 / 9)  # the fade starts
+    assert mask[30, 24].item() == 0.0 and mask[30, 50].item() == 0.0
     assert mask[0, 60].item() == 0.0  # no padding on top: no ramp from there
     with pytest.raises(Flux2Error, match="multiple of 16"):
         outpaint_canvas(image, 10, 0, 0, 0)
@@ -227,3 +228,50 @@ def test_an_empty_latent_mask_gives_back_the_source_and_a_full_one_is_img2img(we
     torch.testing.assert_close(kept, source, atol=1e-6, rtol=0)  # the last blend is at sigma 0
     full = sample(model, _embeds(2), settings, start=source, strength=0.8, mask=torch.ones(1, 16, 1))
     assert torch.equal(full, sample(model, _embeds(2), settings, start=source, strength=0.8))
+
+
+def test_growing_is_a_square_dilation_and_the_feather_a_depth_ramp():
+    from flux2_core.editing import grow_mask
+
+    g = torch.Generator().manual_seed(3)
+    mask = (torch.rand(60, 70, generator=g) > 0.97).float()
+    square = torch.nn.functional.max_pool2d(mask[None, None], 9, stride=1, padding=4)[0, 0]
+    assert torch.equal(grow_mask(mask, 4), square)
+    block = torch.zeros(30, 30)
+    block[5:25, 5:25] = 1
+    ramp = feather_inward(block, 5)
+    assert [ramp[15, x].item() for x in range(4, 11)] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0])
+
+
+def test_an_outpaint_composite_never_mixes_the_grey_canvas_into_the_new_area():
+    image = torch.rand(64, 80, 3)
+    canvas, mask = outpaint_canvas(image, 0, 0, 32, 0, feather=4)
+    pixels, _, stitch = prepare_inpaint(canvas, mask)
+    painted = torch.ones_like(pixels)  # the model paints white
+    for feather in (0, 8, 16):
+        out = composite(painted, stitch, feather)
+        assert torch.equal(out[:, 80:], torch.ones(64, 32, 3))  # the new area: exactly the painting
+        assert torch.equal(out[:, :76], image[:, :76])  # beyond the 4 px fade: exactly the original
+        assert (out[:, 76:80] > image[:, 76:80]).any()  # in the fade: a blend
+
+
+def test_mask_batches_follow_the_latent_batch_as_comfyui_does():
+    one = torch.ones(1, 1, 32, 32)
+    assert latent_mask(one, (2, 2), batch=3).shape == (3, 4, 1)
+    two = torch.stack([torch.zeros(32, 32), torch.ones(32, 32)])
+    assert latent_mask(two, (2, 2), batch=1).eq(0).all()  # cut to the first
+    assert latent_mask(two, (2, 2), batch=3)[2].eq(0).all()  # repeated: 0, 1, 0
+    with pytest.raises(Flux2Error, match="the mask has shape \\[1, 1, 0, 0\\]"):
+        latent_mask(torch.zeros(1, 1, 0, 0), (2, 2))
+
+
+def test_an_unpainted_load_image_mask_says_it_is_empty():
+    with pytest.raises(Flux2Error, match="the mask is empty"):
+        prepare_inpaint(torch.rand(96, 128, 3), torch.zeros(64, 64))  # Load Image's mask of an opaque file
+
+
+def test_a_bad_mask_shape_is_a_clear_error_in_the_core(weights):
+    model = load_transformer(weights["dit_file"])
+    with pytest.raises(Flux2Error, match="the inpaint mask has shape \\[1, 16, 3\\]"):
+        sample(model, _embeds(0), SampleSettings(64, 64, 2, 1.0, 0), start=torch.zeros(1, 128, 4, 4),
+               mask=torch.ones(1, 16, 3))  # fmt: skip

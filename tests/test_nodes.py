@@ -516,3 +516,23 @@ def test_kv_cache_is_reused_across_runs_with_the_same_output(nodes, pack, loaded
     host = sys.modules[f"{pack.__name__}.nodes.host"]
     host.unload(kv_model.patcher)  # ComfyUI detaches the model: its entries go with it
     assert len(store) == 0
+
+
+def test_the_sampler_keeps_the_noise_mask_for_a_second_pass(nodes, loaded):
+    source = image(64, 64, seed=3)
+    mask = torch.zeros(1, 64, 64)
+    mask[:, 16:48, 16:48] = 1.0
+    latent, refs, _ = nodes["Flux2KleinInpaintPrepare"].prepare(loaded["vae"], source, mask)
+    args = dict(model=loaded["model"], positive=loaded["positive"], seed=1, steps=2, guidance=1.0, width=0,
+                height=0, batch_size=1, references=refs)  # fmt: skip
+    (first,) = nodes["Flux2KleinSampler"].sample(**args, latent=latent)
+    assert torch.equal(first["noise_mask"], latent["noise_mask"])
+    (second,) = nodes["Flux2KleinSampler"].sample(**args, latent=first, denoise=0.5)
+    assert second["samples"].shape == first["samples"].shape
+
+
+def test_a_noise_mask_of_batch_one_serves_a_latent_batch_of_two(nodes, loaded):
+    (latent,) = nodes["Flux2KleinEncode"].encode(loaded["vae"], image(64, 64, batch=2))
+    native = {"samples": latent["samples"], "noise_mask": torch.ones(1, 1, 64, 64)}
+    samples = run_sampler(nodes, loaded, latent=native)
+    assert samples.shape == (2, 128, 4, 4) and not torch.equal(samples[0], samples[1])
