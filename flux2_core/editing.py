@@ -7,8 +7,8 @@ outside the mask is replaced by the source latent noised to the next sigma; the 
 reference. Images here are float tensors [H, W, 3] in 0..1 and masks [H, W] in 0..1 (ComfyUI's layouts).
 
 The composite is what keeps the unmasked pixels: the decoded crop is scaled back onto its box in the
-original and blended through the mask, feathered *inward* only, so every pixel outside the mask is exactly
-the original's whatever the feather.
+original and blended through the mask (a hard one feathered *inward* only, a fading one through its fade),
+so every pixel outside the mask is exactly the original's whatever the feather.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def prepare_inpaint(
 
 
 def composite(decoded: torch.Tensor, stitch: Stitch, feather: int = 0) -> torch.Tensor:
-    """The decoded crop [h, w, 3] put back on the original through the mask (feathered inward by ``feather``
-    pixels): outside the mask every pixel is exactly the original's. Returns [H, W, 3]."""
+    """The decoded crop [h, w, 3] put back on the original through the mask, weighted by ``blend_weight``:
+    outside the mask every pixel is exactly the original's. Returns [H, W, 3]."""
     left, top, bw, bh = stitch.box
     if tuple(decoded.shape[:2]) != (stitch.size[1], stitch.size[0]):
         raise Flux2Error(

@@ -126,7 +126,8 @@ class Flux2KleinInpaintPrepare:
 class Flux2KleinComposite:
     DESCRIPTION = (
         "Puts the inpainted result back over the original image at its size: outside the mask every pixel is "
-        "exactly the original's; feather softens the edge inside the mask."
+        "exactly the original's; feather softens a hard mask's edge, inside the mask (a mask that fades "
+        "already, like Outpaint Pad's, blends through its own fade)."
     )
     CATEGORY = "flux2_klein/inpaint"
     RETURN_TYPES = (types.IMAGE,)
@@ -160,7 +161,10 @@ class Flux2KleinOutpaintPad:
     CATEGORY = "flux2_klein/inpaint"
     RETURN_TYPES = (types.IMAGE, types.MASK)
     RETURN_NAMES = ("image", "mask")
-    OUTPUT_TOOLTIPS = ("The larger canvas.", "1 on the new area (and the feathered edge), 0 elsewhere.")
+    OUTPUT_TOOLTIPS = (
+        "The larger canvas.",
+        "1 on the new area, fading to 0 over feather pixels into the image.",
+    )
     FUNCTION = "pad"
 
     @classmethod
