@@ -123,8 +123,7 @@ def open_image(path: str):
         with Image.open(path) as image:
             image = ImageOps.exif_transpose(image)
             if image.mode in HIGH_BIT_DEPTH:
-                scale = 1.0 if image.mode == "F" else 65535.0
-                gray = np.asarray(image, dtype=np.float32) / scale
+                gray = _high_bit_depth(image)
                 return torch.from_numpy(np.repeat(gray[..., None], 3, axis=-1)).clamp(0, 1)
             if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
                 image = image.convert("RGBA")
@@ -176,7 +175,7 @@ def open_mask(path: str, size: tuple[int, int]) -> torch.Tensor:
         with Image.open(path) as image:
             image = ImageOps.exif_transpose(image)
             if image.mode in HIGH_BIT_DEPTH:  # scaled like open_image, not clipped at 255
-                values = np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
+                values = _high_bit_depth(image)
             else:
                 values = np.asarray(image.convert("L"), dtype=np.float32) / 255.0
     except Image.DecompressionBombError as e:
@@ -190,6 +189,11 @@ def open_mask(path: str, size: tuple[int, int]) -> torch.Tensor:
             "mask of the image's size"
         )
     return torch.from_numpy(values).clamp(0, 1)
+
+
+def _high_bit_depth(image: Image.Image) -> np.ndarray:
+    """A 16-bit or 32-bit integer image scaled from 0..65535, a float one taken as 0..1: [H, W] float32."""
+    return np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
 
 
 def as_tensor(image) -> torch.Tensor:

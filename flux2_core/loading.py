@@ -14,6 +14,7 @@ with one of the spec's ``keep_float32`` prefixes (the VAE's BatchNorm statistics
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,7 +123,7 @@ def weight_bytes(spec: ComponentSpec, path: str | Path, dtype: torch.dtype) -> t
     pieces, shapes = plan_checkpoint(spec, checkpoint)
     config = read_config(spec, shapes, checkpoint)
     itemsize = torch.finfo(dtype).bits // 8
-    total = sum(_numel(shape) for key, shape in shapes.items() if key in pieces and spec.wanted(key))
+    total = sum(math.prod(shape) for key, shape in shapes.items() if key in pieces and spec.wanted(key))
     return config, total * itemsize, checkpoint
 
 
@@ -186,7 +187,8 @@ def fill(module, pieces: Plan, tensors, shapes, dtype, device, spec: ComponentSp
     for key, target in expected.items():
         if key in defaults:
             continue
-        if _squeezed(tuple(target.shape)) != _squeezed(shapes[key]) or target.numel() != _numel(shapes[key]):
+        shape = shapes[key]
+        if _squeezed(tuple(target.shape)) != _squeezed(shape) or target.numel() != math.prod(shape):
             raise Flux2Error(
                 f"{what}: tensor {key} has shape {list(shapes[key])}, expected {list(target.shape)}; "
                 "the file is not a consistent checkpoint"
@@ -254,13 +256,6 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     while shape and shape[-1] == 1 and len(shape) > 1:
         shape = shape[:-1]
     return shape
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 _PACKED = (torch.int8, torch.uint8, "I8", "U8", "F4", "F6_E2M3", "F6_E3M2", "F8_E8M0")
