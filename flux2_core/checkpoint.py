@@ -1,11 +1,12 @@
-"""Reading checkpoint files: safetensors only, lazily, from a single file or a (sharded) folder.
+"""Reading checkpoint files, lazily: safetensors (a single file or a sharded folder) and GGUF files.
 
 A user may point at a single ``.safetensors`` file, at a folder holding one model's shards (with or without an
 ``*.index.json``), or at the root of a diffusers repository (``model_index.json`` plus ``transformer/``,
-``text_encoder/``, ``vae/``...), in which case the wanted component's subfolder is used. Pickle files are
-never opened. Opening reads only the headers: names, shapes and dtypes are known at once, and each tensor is
-read from the memory-mapped file when it is asked for, so loading never holds the whole file in memory next
-to the model it fills.
+``text_encoder/``, ``vae/``...), in which case the wanted component's subfolder is used, or at a ``.gguf``
+file (llama.cpp Qwen3 names are given their Hugging Face names here). Pickle files are never opened.
+Opening reads only the headers: names, shapes and dtypes are known at once, and each tensor is read from the
+memory-mapped file when it is asked for, so loading never holds the whole file in memory next to the model
+it fills.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from .errors import Flux2Error
 log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
-UNSUPPORTED_SUFFIXES = {".gguf": "GGUF"}
 _READ_ERRORS = (SafetensorError, OSError, RuntimeError, ValueError)
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -73,12 +73,37 @@ class LazyTensors(Mapping):
 
 
 def tensor_shape(tensors: Mapping, key: str) -> tuple[int, ...]:
-    """The shape of ``tensors[key]`` without reading it when the mapping is lazy."""
-    return tensors.shape(key) if isinstance(tensors, LazyTensors) else tuple(tensors[key].shape)
+    """The (logical) shape of ``tensors[key]`` without reading it when the mapping is lazy."""
+    return tensors.shape(key) if hasattr(type(tensors), "shape") else tuple(tensors[key].shape)
 
 
-def tensor_dtype(tensors: Mapping, key: str) -> torch.dtype | str:
-    return tensors.dtype(key) if isinstance(tensors, LazyTensors) else tensors[key].dtype
+def tensor_dtype(tensors: Mapping, key: str):
+    """The stored dtype of ``tensors[key]``: a torch dtype, a GGUF block type, or a safetensors type name."""
+    return tensors.dtype(key) if hasattr(type(tensors), "dtype") else tensors[key].dtype
+
+
+class RenamedTensors(Mapping):
+    """A lazy tensor mapping seen under other names (``rename`` maps a stored name to the one exposed)."""
+
+    def __init__(self, tensors: Mapping, rename):
+        self._tensors = tensors
+        self._names = {rename(k): k for k in tensors}
+        self.metadata = getattr(tensors, "metadata", {})
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._tensors[self._names[key]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tensor_shape(self._tensors, self._names[key])
+
+    def dtype(self, key: str):
+        return tensor_dtype(self._tensors, self._names[key])
 
 
 @dataclass
@@ -109,6 +134,8 @@ def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
     if path.is_file() and _shard_index_naming(path) is not None:
         log.info("%s is one shard of %s: loading every shard", path.name, path.parent)
         path = path.parent  # e.g. one shard of an HF Qwen3 folder picked from ComfyUI's file list
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _open_gguf(path)
     if path.is_file():
         _check_suffix(path)
         # A weights file inside a diffusers repository (repo/transformer/x.safetensors) or beside its index.
@@ -131,23 +158,18 @@ def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
     return Checkpoint(path, tensors, tensors.metadata, _read_json(path / "config.json"), model_index, path)
 
 
-_QUANT_SUFFIXES = (".comfy_quant", ".weight_scale", ".scale_weight")
-_FLOAT8_DTYPES = {d for d in (_DTYPES["F8_E4M3"], _DTYPES["F8_E5M2"]) if d is not None}
+def _open_gguf(path: Path) -> Checkpoint:
+    from .gguf_file import GGUFTensors, hf_name, qwen3_config
 
-
-def reject_quantized(tensors: Mapping, metadata: dict[str, str], what: str, keys=None) -> None:
-    """Quantized files need dequantization this version does not do; never load their raw bytes.
-
-    ``keys``: the entries to judge (default: all), by name and header dtype only.
-    """
-    keys = list(tensors) if keys is None else keys
-    quant_keys = any(k.endswith(_QUANT_SUFFIXES) for k in keys)
-    fp8 = any(tensor_dtype(tensors, k) in _FLOAT8_DTYPES for k in keys)
-    if quant_keys or fp8 or "_quantization_metadata" in metadata:
-        raise Flux2Error(
-            f"{what} is a quantized (fp8/nvfp4) file, which this version cannot load yet: "
-            "use the bf16 or fp32 .safetensors release of the same model"
-        )
+    tensors = GGUFTensors(path)
+    fields = tensors.metadata
+    metadata = {k: v for k, v in fields.items() if isinstance(v, str)}
+    if "general.name" in metadata:
+        metadata.setdefault("name", metadata["general.name"])
+    config = None
+    if str(fields.get("general.architecture", "")).startswith("qwen3"):  # llama.cpp names -> HF names
+        tensors, config = RenamedTensors(tensors, hf_name), qwen3_config(fields)
+    return Checkpoint(path, tensors, metadata, config, None, folder=path.parent)
 
 
 def _unreadable(file: Path, error: Exception) -> Flux2Error:
@@ -163,14 +185,9 @@ def _check_suffix(path: Path) -> None:
             f"{path.name} is a pickle file ({suffix}), which is never loaded because it can run code: "
             "use the .safetensors release of the model"
         )
-    if suffix in UNSUPPORTED_SUFFIXES:
-        raise Flux2Error(
-            f"{path.name} is a {UNSUPPORTED_SUFFIXES[suffix]} file, which this version cannot load yet: "
-            "use the .safetensors release of the model"
-        )
     if suffix != ".safetensors":
         raise Flux2Error(
-            f"{path.name} is not a .safetensors file: only safetensors checkpoints are supported"
+            f"{path.name} is not a .safetensors or .gguf file: only those checkpoints are supported"
         )
 
 

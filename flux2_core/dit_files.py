@@ -32,9 +32,11 @@ def load_transformer(
     variant: str = "auto",
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    keep_quantized: bool = True,
 ) -> Flux2Model:
-    """Load a FLUX.2 DiT from a file or folder; ``variant`` is "auto", "distilled", "base", "kv" or "dev"."""
-    loaded = load_component(DIT_SPEC, path, dtype, device)
+    """Load a FLUX.2 DiT from a file, folder or GGUF; ``variant`` is "auto", "distilled", "base", "kv" or
+    "dev". ``dtype`` is the compute dtype; quantised layers stay quantised unless ``keep_quantized`` is off."""
+    loaded = load_component(DIT_SPEC, path, dtype, device, keep_quantized)
     chosen = transformer_variant(loaded.checkpoint, loaded.config, variant)
     log.info("%s: %s variant", loaded.checkpoint.name, chosen.name)
     return Flux2Model(loaded.module, chosen, loaded.description)

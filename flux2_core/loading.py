@@ -23,14 +23,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import Checkpoint, open_checkpoint, reject_quantized, tensor_dtype, tensor_shape
+from .checkpoint import Checkpoint, open_checkpoint, tensor_dtype, tensor_shape
 from .errors import Flux2Error
 from .keymaps import KeyMap, Placement, plan, strip_prefix
-from .ops import Linear, WeightSource, set_sources
+from .ops import PLAIN, Linear, WeightSource, linears
+from .quant import QuantLayer, dequantize, find_quantized, quantize_layer
 
 log = logging.getLogger(__name__)
 
 Plan = dict[str, list[tuple[str, Placement]]]  # our key -> (file key, placement) pieces
+Quantized = dict[str, QuantLayer]  # our layer name -> how the file quantised it
 
 
 @dataclass(frozen=True)
@@ -62,28 +64,69 @@ class Loaded:
 
 
 def load_component(
-    spec: ComponentSpec, path: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu"
+    spec: ComponentSpec,
+    path: str | Path,
+    dtype: torch.dtype,
+    device: str | torch.device = "cpu",
+    keep_quantized: bool = True,
 ) -> Loaded:
-    """Open ``path`` (file, shard folder or diffusers repository) and load the component it holds."""
-    return load_checkpoint(spec, open_checkpoint(path, spec.component), dtype, device)
+    """Open ``path`` (file, shard folder, diffusers repository or GGUF) and load the component it holds."""
+    return load_checkpoint(spec, open_checkpoint(path, spec.component), dtype, device, keep_quantized)
 
 
 def load_checkpoint(
-    spec: ComponentSpec, checkpoint: Checkpoint, dtype: torch.dtype | None, device: str | torch.device = "cpu"
+    spec: ComponentSpec,
+    checkpoint: Checkpoint,
+    dtype: torch.dtype | None,
+    device: str | torch.device = "cpu",
+    keep_quantized: bool = True,
 ) -> Loaded:
-    pieces, shapes = plan_checkpoint(spec, checkpoint)
+    """Load ``checkpoint`` into the spec's module in ``dtype`` (the compute dtype).
+
+    Quantised linear layers keep their stored form and dequantise per call when ``keep_quantized`` (memory
+    near the file's size); otherwise, and for every quantised tensor that is not a linear weight (an
+    embedding), they are dequantised once, here, into ``dtype``.
+    """
+    pieces, shapes, quantized = plan_checkpoint(spec, checkpoint)
     config = read_config(spec, shapes, checkpoint)
     description = spec.describe(config)
     with torch.device("meta"):
         module = spec.build(config)
     what = f"{checkpoint.name} ({description})"
     wanted = {key: parts for key, parts in pieces.items() if spec.wanted(key)}
-    fill(module, wanted, checkpoint.tensors, shapes, dtype, device, spec, what)
+    quantized = {name: q for name, q in quantized.items() if spec.wanted(name + ".weight")}
+    kept = _keep_quantized(module, wanted, quantized, what) if keep_quantized else {}
+    eager = {name + ".weight": q for name, q in quantized.items() if name not in kept}
+    fill(module, wanted, checkpoint.tensors, shapes, dtype, device, spec, what, kept, eager)
     if spec.sources is not None:
-        set_sources(module, lambda name, layer: spec.sources(name, layer, checkpoint))
+        for name, layer in linears(module):
+            if layer.source is PLAIN:
+                layer.source = spec.sources(name, layer, checkpoint)
     module.eval().requires_grad_(False)
-    log.info("loaded %s from %s (%s)", description, checkpoint.name, dtype)
+    if hasattr(module, "compute_dtype") and dtype is not None:
+        module.compute_dtype = dtype
+    formats = sorted({q.label for q in quantized.values()})
+    stored = f", {len(kept)} layers kept as {' / '.join(formats)}" if kept else ""
+    log.info("loaded %s from %s (%s%s)", description, checkpoint.name, dtype, stored)
     return Loaded(module, config, checkpoint, description)
+
+
+def _keep_quantized(module, pieces: Plan, quantized: Quantized, what: str) -> Quantized:
+    """Turn the meta module's quantised linear layers into quantised storage; add their scales to the plan."""
+    kept = {}
+    for name, q in quantized.items():
+        try:
+            layer = module.get_submodule(name)
+        except AttributeError:
+            continue  # not in the model: the strict fill reports it
+        if not isinstance(layer, Linear) or not q.dequantizes_per_call:
+            continue
+        quantize_layer(layer, q, what)
+        for role in q.stored:
+            if role != "weight":
+                pieces[f"{name}.{role}"] = [(q.keys[role], Placement(f"{name}.{role}"))]
+        kept[name] = q
+    return kept
 
 
 MAX_BLOCKS = 512  # far beyond any model of the family (FLUX.2 [dev]: 48 single blocks; Qwen3: 36 layers)
@@ -118,13 +161,21 @@ def block_count(keys, prefix: str, what: str, name: str, limit: int = MAX_BLOCKS
 
 
 def weight_bytes(spec: ComponentSpec, path: str | Path, dtype: torch.dtype) -> tuple[Any, int, Checkpoint]:
-    """(config, bytes of the weights once loaded in ``dtype``, checkpoint) from the file headers alone."""
+    """(config, bytes of the weights once loaded in ``dtype``, checkpoint) from the file headers alone.
+
+    Quantised layers count their stored bytes (they stay quantised), every other tensor ``dtype``'s size.
+    """
     checkpoint = open_checkpoint(path, spec.component)
-    pieces, shapes = plan_checkpoint(spec, checkpoint)
+    pieces, shapes, quantized = plan_checkpoint(spec, checkpoint)
     config = read_config(spec, shapes, checkpoint)
     itemsize = torch.finfo(dtype).bits // 8
-    total = sum(math.prod(shape) for key, shape in shapes.items() if key in pieces and spec.wanted(key))
-    return config, total * itemsize, checkpoint
+    total = 0
+    for key, shape in shapes.items():
+        if key in pieces and spec.wanted(key):
+            q = quantized.get(key.removesuffix(".weight")) if key.endswith(".weight") else None
+            kept = q is not None and q.dequantizes_per_call
+            total += q.stored_bytes() if kept else math.prod(shape) * itemsize
+    return config, total, checkpoint
 
 
 def read_config(spec: ComponentSpec, shapes: dict[str, tuple[int, ...]], checkpoint: Checkpoint):
@@ -140,13 +191,22 @@ def read_config(spec: ComponentSpec, shapes: dict[str, tuple[int, ...]], checkpo
         ) from None
 
 
-def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> tuple[Plan, dict[str, tuple[int, ...]]]:
-    """Our keys with their file pieces and shapes, from names and headers alone (nothing is read)."""
+def plan_checkpoint(
+    spec: ComponentSpec, checkpoint: Checkpoint
+) -> tuple[Plan, dict[str, tuple[int, ...]], Quantized]:
+    """Our keys with their file pieces and (logical) shapes, and the quantised layers, from names and headers
+    alone (nothing is read but the small ``comfy_quant`` markers)."""
     names = {k: k for k in checkpoint.tensors}
     for group in spec.prefixes:
         names = {short: names[key] for short, key in strip_prefix(names, group).items()}
     spec.identify(names, checkpoint)
     names = spec.rename(names)
+    # Header metadata describes the whole file: judge it only when the file holds this component alone.
+    metadata = checkpoint.metadata if len(names) == len(checkpoint.tensors) else {}
+    if "_quantization_metadata" in checkpoint.metadata and metadata is not checkpoint.metadata:
+        metadata = {"_quantization_metadata": checkpoint.metadata["_quantization_metadata"]}
+    found, aux = find_quantized(names, checkpoint.tensors, metadata, checkpoint.name)
+    names = {short: key for short, key in names.items() if short not in aux}
     pieces = {
         key: [(names[short], placement) for short, placement in parts]
         for key, parts in plan(names, spec.keymap, spec.keymap.up_levels(names)).items()
@@ -162,17 +222,44 @@ def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> tuple[Plan, 
             raise Flux2Error(
                 f"{checkpoint.name}: {key} is missing some of its parts (e.g. q/k/v); the file is incomplete"
             )
-    # Header metadata describes the whole file: judge it only when the file holds this component alone.
-    metadata = checkpoint.metadata if len(names) == len(checkpoint.tensors) else {}
-    reject_quantized(checkpoint.tensors, metadata, checkpoint.name, names.values())
     shapes = {
         key: _joined_shape(parts, checkpoint.tensors, key, checkpoint.name) for key, parts in pieces.items()
     }
-    return pieces, shapes
+    quantized = {}
+    ours = {
+        parts[0][0]: key for key, parts in pieces.items() if len(parts) == 1 and parts[0][1] == Placement(key)
+    }
+    for q in found.values():
+        key = ours.get(q.keys["weight"])
+        if key is None or not key.endswith(".weight"):
+            raise Flux2Error(
+                f"{checkpoint.name}: the quantised tensor {q.keys['weight']} is part of a fused weight in "
+                "this naming, which cannot stay quantised; use the BFL-named file of the model"
+            )
+        shapes[key] = q.shape  # the logical shape (a packed nvfp4 row holds two values per byte)
+        quantized[key.removesuffix(".weight")] = q
+    return pieces, shapes, quantized
 
 
-def fill(module, pieces: Plan, tensors, shapes, dtype, device, spec: ComponentSpec, what: str) -> None:
-    """Assign every state-dict entry of a meta-built module from the file, strictly, one at a time."""
+def fill(
+    module,
+    pieces: Plan,
+    tensors,
+    shapes,
+    dtype,
+    device,
+    spec: ComponentSpec,
+    what: str,
+    kept: Quantized | None = None,
+    eager: dict[str, QuantLayer] | None = None,
+) -> None:
+    """Assign every state-dict entry of a meta-built module from the file, strictly, one at a time.
+
+    ``kept``: quantised layers whose stored tensors are assigned as they are (no cast); ``eager``: keys of
+    quantised tensors dequantised into ``dtype`` as they are read.
+    """
+    kept, eager = kept or {}, eager or {}
+    stored_keys = {f"{name}.{role}" for name, q in kept.items() for role in q.stored}
     expected = module.state_dict(keep_vars=True)
     defaults = {k: f for k, f in spec.defaults.items() if k in expected and k not in pieces}
     missing = sorted(set(expected) - set(pieces) - set(defaults))
@@ -185,9 +272,11 @@ def fill(module, pieces: Plan, tensors, shapes, dtype, device, spec: ComponentSp
             parts.append(f"{len(unexpected)} unexpected tensors ({_summarize(unexpected)})")
         raise Flux2Error(f"{what}: the file does not match the architecture read from it: {'; '.join(parts)}")
     for key, target in expected.items():
-        if key in defaults:
+        if key in defaults or key in stored_keys:  # kept storage was checked when the layer took it
             continue
         shape = shapes[key]
+        if key in eager and eager[key].format in ("nvfp4", "mxfp8"):
+            shape = tuple(min(a, b) for a, b in zip(shape, target.shape))  # padded rows and columns go
         if _squeezed(tuple(target.shape)) != _squeezed(shape) or target.numel() != math.prod(shape):
             raise Flux2Error(
                 f"{what}: tensor {key} has shape {list(shapes[key])}, expected {list(target.shape)}; "
@@ -195,16 +284,25 @@ def fill(module, pieces: Plan, tensors, shapes, dtype, device, spec: ComponentSp
             )
         file_key = pieces[key][0][0]
         stored = tensor_dtype(tensors, file_key)
-        if target.is_floating_point() and not _is_float(stored):
-            kind = "quantized (packed integer) weights" if stored in _PACKED else "not a weight dtype"
+        if target.is_floating_point() and not _is_float(stored) and key not in eager:
+            kind = (
+                "packed integer weights with no format marker" if stored in _PACKED else "not a weight dtype"
+            )
             raise Flux2Error(
-                f"{what} stores {file_key} as {stored}, {kind}, which this version cannot load: use the bf16 "
-                "or fp32 .safetensors release"
+                f"{what} stores {file_key} as {stored}, {kind}, which cannot be loaded: use the bf16, fp8, "
+                "nvfp4, int8 or GGUF release of the model"
             )
     for key, target in expected.items():
-        tensor = defaults[key]() if key in defaults else assemble(pieces[key], tensors, key, what)
+        if key in defaults:
+            tensor = defaults[key]()
+        elif key in eager:
+            q = eager[key]
+            tensor = dequantize(q, {role: tensors[k] for role, k in q.keys.items()}, dtype or torch.float32)
+            tensor = tensor[tuple(slice(0, n) for n in target.shape)]
+        else:
+            tensor = assemble(pieces[key], tensors, key, what)
         tensor = tensor.reshape(target.shape)  # diffusers' Linear [C, C] for a 1x1 conv [C, C, 1, 1]
-        if tensor.is_floating_point() and dtype is not None:  # None: keep the file's dtypes
+        if tensor.is_floating_point() and dtype is not None and key not in stored_keys:  # None: file dtypes
             keep = any(key.startswith(prefix) for prefix in spec.keep_float32)
             tensor = tensor.to(torch.float32 if keep else dtype)
         _assign(module, key, tensor.to(device), isinstance(target, nn.Parameter))

@@ -7,9 +7,10 @@ when it already sits on the right device in the right dtype, so a model of plain
 what ``nn.Linear`` computes; a weight kept on another device (streaming) is copied over for the one call.
 Quantised storages are further sources: they dequantise per call and never write back.
 
-*Patches* (LoRA) are added on top at compute time: ``strength * up @ down``, on the whole weight or on a row
-range of a fused one (one of q/k/v in ``qkv``, a part of a single block's ``linear1``). They are summed in
-float32 on a copy of the weight, never into the stored tensor, and removed by the key they were added under.
+*Patches* (LoRA and its relatives, any ``WeightPatch``) are added on top at compute time, on the whole weight
+or on a row range of a fused one (one of q/k/v in ``qkv``, a part of a single block's ``linear1``). They are
+applied in float32 on a copy of the weight, never into the stored tensor, so a quantised weight is never
+re-quantised and removing a patch (by the key it was added under) restores the layer exactly.
 
 ``adopt_linears`` swaps the ``nn.Linear`` modules of a model built elsewhere (transformers' Qwen3) for this
 type after the meta build, keeping their parameters, so blocks never know which kind they hold.
@@ -45,6 +46,22 @@ class PlainWeight:
 PLAIN = PlainWeight()
 
 
+class WeightPatch(Protocol):
+    """A change to a layer's weight applied at compute time (a LoRA, LoKr, LoHa, DoRA or full delta).
+
+    ``rows`` names the (offset, size) row range of a fused weight it applies to (``None``: all rows);
+    ``shape`` is the [rows, in_features] it expects; ``apply`` adds it, in place, to ``w``: a float32 copy of
+    those rows of the weight on the compute device (never the stored tensor).
+    """
+
+    rows: tuple[int, int] | None
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    def apply(self, w: torch.Tensor) -> None: ...
+
+
 @dataclass(frozen=True)
 class LowRankPatch:
     """``strength * up @ down`` added to the weight, or to its rows ``offset .. offset + size`` if given."""
@@ -54,9 +71,18 @@ class LowRankPatch:
     strength: float = 1.0
     rows: tuple[int, int] | None = None  # (offset, size) in a fused weight
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        if self.up.ndim != 2 or self.down.ndim != 2 or self.up.shape[1] != self.down.shape[0]:
+            return (-1, -1)  # halves that do not multiply: fits no weight
+        return (self.up.shape[0], self.down.shape[1])
+
     def delta(self, device: torch.device) -> torch.Tensor:
         up, down = self.up.to(device, torch.float32), self.down.to(device, torch.float32)
         return self.strength * (up @ down)
+
+    def apply(self, w: torch.Tensor) -> None:
+        w.add_(self.delta(w.device))
 
 
 class Linear(nn.Module):
@@ -77,30 +103,28 @@ class Linear(nn.Module):
         b = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if bias else None
         self.register_parameter("bias", b)
         self.source = source
-        self.patches: dict[str, LowRankPatch] = {}
+        self.patches: dict[str, WeightPatch] = {}
 
     def extra_repr(self) -> str:
         extra = f", patches={len(self.patches)}" if self.patches else ""
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}{extra}"
 
-    def add_patch(self, key: str, patch: LowRankPatch) -> None:
+    def add_patch(self, key: str, patch: WeightPatch) -> None:
         offset, size = patch.rows or (0, self.out_features)
-        shape = (size, self.in_features)
-        halves_fit = patch.up.ndim == patch.down.ndim == 2 and patch.up.shape[1] == patch.down.shape[0]
-        if (
-            not halves_fit
-            or offset < 0
-            or offset + size > self.out_features
-            or (patch.up.shape[0], patch.down.shape[1]) != shape
-        ):
+        if offset < 0 or offset + size > self.out_features or tuple(patch.shape) != (size, self.in_features):
             raise ValueError(
-                f"patch {key!r} of shape {[patch.up.shape[0], patch.down.shape[1]]} at rows {offset}.."
-                f"{offset + size} does not fit a {self.out_features}x{self.in_features} weight"
+                f"patch {key!r} of shape {list(patch.shape)} at rows {offset}..{offset + size} does not "
+                f"fit a {self.out_features}x{self.in_features} weight"
             )
         self.patches[key] = patch
 
     def remove_patch(self, key: str) -> None:
         self.patches.pop(key, None)
+
+    def remove_patches(self, owner: str) -> None:
+        """Remove every patch added under ``owner`` or ``owner/<anything>`` (one LoRA's pieces)."""
+        for key in [k for k in self.patches if k == owner or k.startswith(owner + "/")]:
+            del self.patches[key]
 
     def compute_weight(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         w = self.source.weight(self, dtype, device)
@@ -109,7 +133,7 @@ class Linear(nn.Module):
         w = w.to(torch.float32, copy=True)  # never into the stored tensor
         for patch in self.patches.values():
             offset, size = patch.rows or (0, self.out_features)
-            w.narrow(0, offset, size).add_(patch.delta(device))
+            patch.apply(w.narrow(0, offset, size))
         return w.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -165,15 +165,17 @@ def load_text_encoder(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     tokenizer_path: str | Path | None = None,
+    keep_quantized: bool = True,
 ) -> TextEncoder:
-    """Load Qwen3-4B/8B: a ComfyUI single file, an all-in-one file, an HF Qwen3 folder or a diffusers repo.
+    """Load Qwen3-4B/8B: a ComfyUI single file (bf16, fp8mixed, ...), an all-in-one file, an HF Qwen3 folder,
+    a diffusers repo or a llama.cpp GGUF. Quantised layers stay quantised unless ``keep_quantized`` is off.
 
     The tokenizer is ``tokenizer_path`` if given, else a tokenizer folder beside the weights (HF / diffusers
     layout), else the built-in one.
     """
     ckpt = open_checkpoint(path, "text_encoder")
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path is not None else _tokenizer_beside(ckpt)
-    return _finish(load_checkpoint(QWEN3_SPEC, ckpt, dtype), tokenizer, device)
+    return _finish(load_checkpoint(QWEN3_SPEC, ckpt, dtype, keep_quantized=keep_quantized), tokenizer, device)
 
 
 def text_encoder_from_state_dict(

@@ -61,10 +61,11 @@ class Flux2Transformer(nn.Module):
         )
         self.final_layer = LastLayer(hidden, config.in_channels)
         self._rope_cache: dict[tuple, torch.Tensor] = {}
+        self.compute_dtype: torch.dtype | None = None  # set by the loader: quantised weights are not it
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.img_in.weight.dtype
+        return self.compute_dtype or self.img_in.weight.dtype
 
     @property
     def device(self) -> torch.device:

@@ -206,15 +206,6 @@ def _missing_one(tensors):
     return {k: v for k, v in tensors.items() if k != "model.layers.5.mlp.up_proj.weight"}
 
 
-def _fp8(tensors):
-    tensors = dict(tensors)
-    tensors["model.layers.0.self_attn.q_proj.weight"] = tensors["model.layers.0.self_attn.q_proj.weight"].to(
-        torch.float8_e4m3fn
-    )
-    tensors["model.layers.0.self_attn.q_proj.weight_scale"] = torch.ones(())
-    return tensors
-
-
 def _int8(tensors):
     tensors = dict(tensors)
     tensors["model.layers.3.mlp.gate_proj.weight"] = torch.zeros(64, 32, dtype=torch.int8)
@@ -230,8 +221,7 @@ def _int8(tensors):
         (_other_all_in_one, "all-in-one checkpoint whose text encoder is mistral3_24b"),
         (lambda t: {"decoder.conv_in.weight": torch.zeros(4, 4)}, "not a language-model text encoder"),
         (_missing_one, "missing 1 tensors"),
-        (_fp8, "quantized"),
-        (_int8, "quantized"),
+        (_int8, "int8, packed integer weights with no format marker"),
     ],
 )
 def test_wrong_files_raise_clear_errors(tiny, tmp_path, mutate, message):

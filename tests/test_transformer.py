@@ -269,12 +269,12 @@ def test_missing_tensor_is_named(reference, tmp_path):
         load_transformer(tmp_path / "cut.safetensors")
 
 
-def test_fp8_file_is_refused(reference, tmp_path):
+def test_packed_weights_without_a_format_marker_are_refused(reference, tmp_path):
     sd = bfl_state_dict(reference)
-    sd["img_in.weight"] = sd["img_in.weight"].to(torch.float8_e4m3fn)
-    save_file(sd, tmp_path / "flux-2-klein-4b-fp8.safetensors")
-    with pytest.raises(Flux2Error, match="quantized"):
-        load_transformer(tmp_path / "flux-2-klein-4b-fp8.safetensors")
+    sd["img_in.weight"] = torch.zeros(sd["img_in.weight"].shape, dtype=torch.uint8)
+    save_file(sd, tmp_path / "flux-2-klein-4b-packed.safetensors")
+    with pytest.raises(Flux2Error, match="uint8, packed integer weights with no format marker"):
+        load_transformer(tmp_path / "flux-2-klein-4b-packed.safetensors")
 
 
 def test_kv_cache_holds_copies_and_one_batch_item_for_shared_references(loaded, inputs):
