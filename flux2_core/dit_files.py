@@ -152,4 +152,5 @@ DIT_SPEC = ComponentSpec(
     describe=describe,
     prefixes=(DIT_PREFIXES,),
     identify=identify_flux2,
+    int8_matmul=True,
 )

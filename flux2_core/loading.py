@@ -50,6 +50,7 @@ class ComponentSpec:
     rename: Callable[[dict[str, str]], dict[str, str]] = lambda names: names  # before the key map
     wanted: Callable[[str], bool] = lambda key: True  # our keys to load; the rest of the file is skipped
     keep_float32: tuple[str, ...] = ()
+    int8_matmul: bool = False  # int8 layers multiply in int8 (ComfyUI: diffusion models; encoders dequantise)
     defaults: Mapping[str, Callable[[], torch.Tensor]] = field(default_factory=dict)  # optional in files
     # The weight source of each linear layer, given its name and the checkpoint (default: plain weights).
     sources: Callable[[str, Linear, Checkpoint], WeightSource] | None = None
@@ -95,7 +96,7 @@ def load_checkpoint(
     what = f"{checkpoint.name} ({description})"
     wanted = {key: parts for key, parts in pieces.items() if spec.wanted(key)}
     quantized = {name: q for name, q in quantized.items() if spec.wanted(name + ".weight")}
-    kept = _keep_quantized(module, wanted, quantized, what) if keep_quantized else {}
+    kept = _keep_quantized(module, wanted, quantized, what, spec.int8_matmul) if keep_quantized else {}
     eager = {name + ".weight": q for name, q in quantized.items() if name not in kept}
     fill(module, wanted, checkpoint.tensors, shapes, dtype, device, spec, what, kept, eager)
     if spec.sources is not None:
@@ -111,7 +112,7 @@ def load_checkpoint(
     return Loaded(module, config, checkpoint, description)
 
 
-def _keep_quantized(module, pieces: Plan, quantized: Quantized, what: str) -> Quantized:
+def _keep_quantized(module, pieces: Plan, quantized: Quantized, what: str, int8_matmul: bool) -> Quantized:
     """Turn the meta module's quantised linear layers into quantised storage; add their scales to the plan."""
     kept = {}
     for name, q in quantized.items():
@@ -121,7 +122,7 @@ def _keep_quantized(module, pieces: Plan, quantized: Quantized, what: str) -> Qu
             continue  # not in the model: the strict fill reports it
         if not isinstance(layer, Linear) or not q.dequantizes_per_call:
             continue
-        quantize_layer(layer, q, what)
+        quantize_layer(layer, q, what, int8_matmul)
         for role in q.stored:
             if role != "weight":
                 pieces[f"{name}.{role}"] = [(q.keys[role], Placement(f"{name}.{role}"))]

@@ -32,6 +32,9 @@ class WeightSource(Protocol):
 
     def weight(self, layer: Linear, dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
 
+    # Optionally ``linear(layer, x) -> Tensor | None``: the layer's output by the source's own matmul (int8
+    # W8A8), used when no patch is attached; ``None`` falls back to ``F.linear`` with ``weight(...)``.
+
 
 class PlainWeight:
     """The stored ``weight`` parameter as it is, moved or cast only when it must be."""
@@ -140,6 +143,11 @@ class Linear(nn.Module):
         bias = self.bias
         if bias is not None and (bias.device != x.device or bias.dtype != x.dtype):
             bias = bias.to(device=x.device, dtype=x.dtype)
+        own = getattr(self.source, "linear", None)  # a source with its own low-precision matmul
+        if own is not None and not self.patches:
+            y = own(self, x)
+            if y is not None:
+                return y if bias is None else y + bias
         return F.linear(x, self.compute_weight(x.dtype, x.device), bias)
 
 

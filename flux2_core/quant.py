@@ -291,11 +291,31 @@ class QuantWeight:
     at every call and never written back (so LoRA patches land on a float copy, and memory stays near the
     file's size)."""
 
-    def __init__(self, layer: QuantLayer):
+    def __init__(self, layer: QuantLayer, int8_matmul: bool = False):
         self.layer = layer
+        self.int8_matmul = int8_matmul and layer.format == "int8_tensorwise"
 
     def __repr__(self) -> str:
-        return f"QuantWeight({self.layer.label})"
+        return f"QuantWeight({self.layer.label}{', W8A8' if self.int8_matmul else ''})"
+
+    def linear(self, layer, x: torch.Tensor) -> torch.Tensor | None:
+        """int8 layers of a DiT: the dynamic W8A8 matmul ComfyUI runs (activations quantised per row, int32
+        accumulation, both scales applied after); ``None`` (dequantise instead) elsewhere."""
+        if not self.int8_matmul:
+            return None
+        q, scale = layer.weight.to(x.device), layer._buffers["weight_scale"].to(x.device)
+        i, g = layer.in_features, self.layer.convrot
+        if g:
+            x = (x.reshape(-1, i // g, g) @ hadamard(g, x.device).to(x.dtype)).reshape(x.shape)
+        x2 = x.reshape(-1, i)
+        sx = (x2.abs().amax(-1, keepdim=True).float() / 127).clamp(min=1e-30)
+        xq = (x2 / sx.to(x2.dtype)).round().clamp(-128, 127).to(torch.int8)
+        try:
+            acc = torch._int_mm(xq, q.T.contiguous())
+        except RuntimeError:  # shapes the int8 kernel does not take (e.g. a few rows on a GPU)
+            return None
+        y = (acc.float() * (sx * scale.float().reshape(1, -1))).to(x.dtype)
+        return y.reshape(*x.shape[:-1], q.shape[0])[..., : layer.out_features]
 
     def weight(self, layer, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         stored = {"weight": layer.weight}
@@ -307,8 +327,9 @@ class QuantWeight:
         return w[: layer.out_features, : layer.in_features]
 
 
-def quantize_layer(layer, q: QuantLayer, what: str) -> None:
-    """Make a (meta-built) linear ``layer`` hold ``q``'s stored tensors and dequantise them per call."""
+def quantize_layer(layer, q: QuantLayer, what: str, int8_matmul: bool = False) -> None:
+    """Make a (meta-built) linear ``layer`` hold ``q``'s stored tensors and dequantise them per call
+    (``int8_matmul``: int8 layers multiply in int8 instead, as ComfyUI does for diffusion models)."""
     rows, cols = q.shape[:2]
     padded = (
         q.format in ("nvfp4", "mxfp8")
@@ -326,4 +347,4 @@ def quantize_layer(layer, q: QuantLayer, what: str) -> None:
             layer.weight = torch.nn.Parameter(tensor, requires_grad=False)
         else:
             layer.register_buffer(role, tensor)
-    layer.source = QuantWeight(q)
+    layer.source = QuantWeight(q, int8_matmul)

@@ -31,22 +31,43 @@ class Flux2KleinModule(torch.nn.Module):
         self.device = device
 
 
-def filenames(folder: str) -> list[str]:
-    """The files ComfyUI lists for a model folder ("diffusion_models", "text_encoders", "vae")."""
+GGUF_SUFFIX = ".gguf"
+
+
+def _gguf_folder(folder: str) -> str:
+    """A folder key listing the ``.gguf`` files of ``folder``'s paths (ComfyUI's own lists skip them)."""
     import folder_paths
 
-    return folder_paths.get_filename_list(folder)
+    key = f"flux2_klein_{folder}_gguf"
+    paths = folder_paths.get_folder_paths(folder)  # read each time: extra_model_paths may add folders
+    known = folder_paths.folder_names_and_paths.get(key)
+    if known is None or list(known[0]) != list(paths):
+        folder_paths.folder_names_and_paths[key] = (list(paths), {GGUF_SUFFIX})
+    return key
+
+
+def filenames(folder: str) -> list[str]:
+    """The files ComfyUI lists for a model folder ("diffusion_models", "text_encoders", "vae"), with the
+    GGUF files of the DiT and text-encoder folders (their legacy ``unet`` / ``clip`` folders included)."""
+    import folder_paths
+
+    names = list(folder_paths.get_filename_list(folder))
+    if folder in ("diffusion_models", "text_encoders"):
+        names += [n for n in folder_paths.get_filename_list(_gguf_folder(folder)) if n not in names]
+    return sorted(names)
 
 
 def full_path(folder: str, name: str) -> str:
     """The path of a listed file. A name that is not in the list (e.g. with "..") is refused, never opened."""
     import folder_paths
 
-    if name not in folder_paths.get_filename_list(folder):
+    if name not in filenames(folder):
         raise Flux2Error(
             f"{name!r} is not a file in ComfyUI's {folder} folders: put the file in models/{folder}/ and "
             "choose it from the list (press R in the UI to refresh the lists)"
         )
+    if name.lower().endswith(GGUF_SUFFIX) and name not in folder_paths.get_filename_list(folder):
+        return folder_paths.get_full_path_or_raise(_gguf_folder(folder), name)
     return folder_paths.get_full_path_or_raise(folder, name)
 
 

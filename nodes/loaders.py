@@ -20,13 +20,16 @@ WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 
 
 TOOLTIPS = {
-    "model_name": "A FLUX.2 [klein] .safetensors file (BFL or ComfyUI layout) from models/diffusion_models.",
+    "model_name": "A FLUX.2 [klein] model from models/diffusion_models (or models/unet): bf16, fp8, nvfp4, "
+    "int8 .safetensors (BFL or ComfyUI layout) or a .gguf file.",
     "variant": "How the weights are sampled; auto reads it from the file's metadata or name. distilled: "
     "4 steps, no CFG. base: about 50 steps, CFG (guidance > 1 needs a negative prompt). kv: the 9B-KV model, "
     "which computes the references' attention keys/values once and reuses them.",
-    "weight_dtype": "Precision of the weights. default: bfloat16 on a GPU that supports it, else float32.",
+    "weight_dtype": "Precision the model computes in. default: bfloat16 on a GPU that supports it, else "
+    "float32, and quantised files (fp8, nvfp4, int8, GGUF) stay quantised in memory, dequantised layer by "
+    "layer as they run. A chosen dtype also dequantises a quantised file once, at load (more memory).",
     "text_encoder_name": "qwen_3_4b.safetensors (klein 4B) or qwen_3_8b.safetensors (klein 9B) from "
-    "models/text_encoders (bf16/fp32 files; fp8 files are not supported).",
+    "models/text_encoders (or models/clip): bf16, fp8mixed or GGUF (e.g. Qwen3-4B-Q8_0.gguf).",
     "device": "default: where ComfyUI runs text encoders (the GPU when there is room). cpu: always on the "
     "CPU in float32, which saves VRAM but is slow.",
     "vae_name": "The FLUX.2 VAE (flux2-vae.safetensors, 32 latent channels) from models/vae.",
@@ -72,7 +75,8 @@ class Flux2KleinModelLoader:
         load_device, offload_device = host.devices("diffusion_model")
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
         path = _path("diffusion_models", model_name)
-        model = load_transformer(path, variant=variant, dtype=dtype, device=offload_device)
+        keep = weight_dtype == "default"  # a chosen dtype dequantises quantised files at load
+        model = load_transformer(path, variant=variant, dtype=dtype, device=offload_device, keep_quantized=keep)
         patcher = host.manage(model.transformer, load_device, offload_device)
         # the 9B-KV references' K/V kept for this model live on its device: they go when it leaves it
         host.on_unload(patcher, lambda: KV_STORE.forget_model(model.transformer))

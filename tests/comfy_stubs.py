@@ -92,16 +92,32 @@ class FakeHost:
         return modules
 
     def _folder_paths(self) -> ModuleType:
+        """Like ComfyUI's: named folders with their paths and extensions; lists hold only those extensions."""
         host, module = self, ModuleType("folder_paths")
+        module.folder_names_and_paths = {}
+
+        def entry(folder: str) -> tuple[list[str], set[str]]:
+            if folder not in module.folder_names_and_paths:
+                module.folder_names_and_paths[folder] = ([str(host.folder(folder))], {".safetensors"})
+            return module.folder_names_and_paths[folder]
+
+        def get_folder_paths(folder: str) -> list[str]:
+            return list(entry(folder)[0])
 
         def get_filename_list(folder: str) -> list[str]:
-            root = host.folder(folder)
-            return sorted(str(p.relative_to(root)) for p in root.rglob("*.safetensors"))
+            paths, extensions = entry(folder)
+            names = set()
+            for base in map(Path, paths):
+                names |= {p.relative_to(base).as_posix() for p in base.rglob("*") if p.suffix in extensions}
+            return sorted(names)
 
         def get_full_path(folder: str, filename: str) -> str | None:
             filename = os.path.relpath(os.path.join("/", filename), "/")  # as ComfyUI: no escaping the folder
-            path = host.folder(folder) / filename
-            return str(path) if path.is_file() else None
+            for base in entry(folder)[0]:
+                path = Path(base) / filename
+                if path.is_file():
+                    return str(path)
+            return None
 
         def get_full_path_or_raise(folder: str, filename: str) -> str:
             path = get_full_path(folder, filename)
@@ -109,6 +125,7 @@ class FakeHost:
                 raise FileNotFoundError(f"Model in folder '{folder}' with filename '{filename}' not found.")
             return path
 
+        module.get_folder_paths = get_folder_paths
         module.get_filename_list = get_filename_list
         module.get_full_path = get_full_path
         module.get_full_path_or_raise = get_full_path_or_raise

@@ -120,8 +120,8 @@ def write_quantised(
             if convrot:
                 entry |= {"convrot": True, "convrot_groupsize": convrot}
                 w = (w.reshape(w.shape[0], -1, convrot) @ hadamard(convrot).T).reshape(w.shape)
-            if options.get("nested"):
-                entry = {"params": entry}
+            if options.get("nested"):  # the legacy layout: format on top, its parameters under "params"
+                entry = {"format": fmt, "params": {k: v for k, v in entry.items() if k != "format"}}
             if options.get("input_scale"):
                 stored["input_scale"] = torch.tensor(0.02)
             expected[key] = w

@@ -74,6 +74,13 @@ TEXT_FILES = {
         seed=202, hidden_size=E8, intermediate_size=96, num_attention_heads=6, num_key_value_heads=2
     ),
 }
+# Quantised releases of flux-2-klein-4b.safetensors (same weights): format, marker form, options.
+QUANTISED_DITS = {
+    "flux-2-klein-4b-fp8.safetensors": ("float8_e4m3fn", "tensor", {}),
+    "flux-2-klein-4b-nvfp4.safetensors": ("nvfp4", "header", {"prefix": "model.diffusion_model."}),
+    "flux-2-klein-4b-int8-convrot.safetensors": ("int8_tensorwise", "tensor", {"convrot": 256}),
+}
+GGUF_DIT = "flux-2-klein-4b-Q8_0.gguf"
 ATTENTION_BOOST = 3.0  # see sharpen_attention
 VAE_FILE = "flux2-vae.safetensors"
 NOT_A_DIT = "not-a-dit.safetensors"
@@ -143,6 +150,8 @@ def write_models(models: Path) -> dict[str, Path]:
         spec = dict(spec)
         dit = sharpen_attention(make_diffusers_dit(spec.pop("seed"), **DIT_SHAPE, **spec))
         paths[name] = write_dit(dit, models / "diffusion_models" / name)
+        if name == "flux-2-klein-4b.safetensors":
+            _write_quantised_dits(dit, models / "diffusion_models", paths)
     for name, spec in TEXT_FILES.items():
         spec = dict(spec)
         qwen = make_tiny_qwen3(spec.pop("seed"), **spec)
@@ -161,6 +170,20 @@ def write_models(models: Path) -> dict[str, Path]:
     paths[MILLION_BLOCKS] = models / "diffusion_models" / MILLION_BLOCKS
     save_file(hostile, str(paths[MILLION_BLOCKS]))
     return paths
+
+
+def _write_quantised_dits(dit, folder: Path, paths: dict[str, Path]) -> None:
+    from quant_files import quantised_layers, write_gguf, write_quantised
+    from tiny_dit import bfl_state_dict
+
+    sd = bfl_state_dict(dit)
+    for name, (fmt, form, options) in QUANTISED_DITS.items():
+        options = dict(options)
+        write_quantised(sd, folder / name, fmt, form, prefix=options.pop("prefix", ""), **options)
+        paths[name] = folder / name
+    quantised = {layer + ".weight" for layer in quantised_layers(sd)}
+    write_gguf(sd, folder / GGUF_DIT, "flux", {k: "Q8_0" for k in quantised})
+    paths[GGUF_DIT] = folder / GGUF_DIT
 
 
 def reference_png(width: int, height: int, seed: int = 0) -> bytes:

@@ -1,0 +1,80 @@
+"""Quantised layers against native ComfyUI's own loader, layer by layer, on the same files.
+
+A child process of ComfyUI's Python loads each file with ``comfy.sd.load_diffusion_model`` (native) and with
+our ``load_transformer``, then compares, for every quantised layer, native's dequantised weight
+(``QuantizedTensor.dequantize()``) with ours, and the layer outputs on one random input (int8: native's
+W8A8 matmul against ours). Everything must agree exactly on the CPU in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+CHILD = r"""
+import json, sys
+sys.argv = ["comfyui", "--cpu"]
+sys.path[:0] = json.loads(sys.stdin.readline())
+import comfy.options
+comfy.options.enable_args_parsing()
+import torch
+import comfy.sd
+from flux2_core import load_transformer
+from flux2_core.ops import PLAIN, linears
+
+results = {}
+for path in json.loads(sys.stdin.readline()):
+    native = comfy.sd.load_diffusion_model(path).model.diffusion_model
+    ours = dict(linears(load_transformer(path, variant="distilled").transformer))
+    worst_weight, worst_out, count = 0.0, 0.0, 0
+    for name, layer in ours.items():
+        if layer.source is PLAIN:
+            continue
+        count += 1
+        theirs = native.get_submodule(name)
+        want = theirs.weight.dequantize().float()
+        ours_weight = layer.compute_weight(torch.float32, torch.device("cpu"))
+        worst_weight = max(worst_weight, (ours_weight - want).abs().max().item())
+        x = torch.randn(2, 24, layer.in_features, generator=torch.Generator().manual_seed(count))
+        with torch.no_grad():
+            worst_out = max(worst_out, (layer(x) - theirs(x)).abs().max().item())
+    results[path] = {"layers": count, "weight": worst_weight, "output": worst_out}
+print("RESULT " + json.dumps(results))
+"""
+
+
+def test_quantised_layers_equal_native_comfyui(tmp_path):
+    from quant_files import quantised_layers, write_quantised
+    from tiny_dit import bfl_state_dict, make_diffusers_dit
+
+    sd = bfl_state_dict(
+        make_diffusers_dit(9, attention_head_dim=128, axes_dims_rope=(32,) * 4, joint_attention_dim=96)
+    )
+    cases = {
+        "fp8-tensor": ("float8_e4m3fn", "tensor", {}),
+        "fp8-legacy": ("float8_e4m3fn", "legacy", {}),
+        "e5m2": ("float8_e5m2", "tensor", {}),
+        "nvfp4-header": ("nvfp4", "header", {"prefix": "model.diffusion_model."}),
+        "int8-per-tensor": ("int8_tensorwise", "tensor", {"per_row": False}),
+        "int8-convrot-nested": ("int8_tensorwise", "header", {"convrot": 256, "nested": True}),
+    }
+    paths = []
+    for name, (fmt, form, options) in cases.items():
+        options = dict(options)
+        path = tmp_path / f"{name}.safetensors"
+        write_quantised(sd, path, fmt, form, prefix=options.pop("prefix", ""), **options)
+        paths.append(str(path))
+    python = os.environ.get("COMFYUI_PYTHON", sys.executable)
+    stdin = json.dumps([os.environ["COMFYUI_PATH"], str(REPO)]) + "\n" + json.dumps(paths) + "\n"
+    run = subprocess.run([python, "-c", CHILD], input=stdin, capture_output=True, text=True, timeout=300)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert run.returncode == 0 and lines, run.stderr[-3000:]
+    results = json.loads(lines[-1][len("RESULT ") :])
+    for path, result in results.items():
+        print(f"\n{os.path.basename(path)}: {result}")  # noqa: T201
+        assert result["layers"] == len(quantised_layers(sd)), result
+        assert result["weight"] == 0.0 and result["output"] == 0.0, (path, result)
