@@ -10,7 +10,8 @@ Self-contained (it never imports ComfyUI). A text-to-image run::
 
 Editing adds ``references=encode_references(vae, [image, ...])`` to ``sample``. Where things live:
 ``ops`` (the weight seam), ``keymaps`` (foreign names), ``checkpoint`` + ``loading`` (one lazy loading
-pipeline), ``flow`` (the sampling loop), ``sampling`` (the klein denoiser), ``hooks`` (per-block work).
+pipeline), ``flow`` (the sampling loop), ``sampling`` (the klein denoiser), ``hooks`` (per-block work),
+``quant`` and ``gguf_*`` (quantised files), ``lora*`` (LoRAs of every common layout, at compute time).
 """
 
 from .configs import FLUX2, KLEIN_4B, KLEIN_9B, KLEIN_VARIANTS, VARIANTS, Family, Flux2Config, Variant
@@ -30,6 +31,7 @@ from .limits import (
     check_request,
     check_size,
 )
+from .lora import Lora, parse_block_strengths, prepare_lora, read_lora
 from .references import (
     FIT_MODES,
     MAX_REFERENCE_PIXELS,
@@ -63,6 +65,7 @@ __all__ = [
     "KLEIN_4B",
     "KLEIN_9B",
     "KLEIN_VARIANTS",
+    "Lora",
     "MAX_REFERENCE_PIXELS",
     "VARIANTS",
     "AutoEncoder",
@@ -93,10 +96,13 @@ __all__ = [
     "load_vae",
     "make_noise",
     "outpaint_canvas",
+    "parse_block_strengths",
+    "prepare_lora",
     "output_size",
     "prepare_inpaint",
     "prepare_reference",
     "processed_size",
+    "read_lora",
     "sample",
     "settings_numbers",
 ]

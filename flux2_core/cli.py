@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     gen.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="FILE[:STRENGTH]",
+        help="a LoRA .safetensors (any common trainer's layout), strength default 1; repeat for more",
+    )
+    gen.add_argument(
         "--output", default=DEFAULT_OUTPUT, help=f"image file, .png/.jpg/.webp (default {DEFAULT_OUTPUT})"
     )
     return parser
@@ -124,6 +131,7 @@ def generate(args: argparse.Namespace) -> list[Path]:
     from .configs import describe
     from .dit_files import DIT_SPEC, load_transformer, transformer_variant
     from .limits import check_request, check_seed
+    from .lora import prepare_lora
     from .references import MAX_REFERENCE_PIXELS, encode_references, processed_size
     from .sampling import SampleSettings, check_conditioning, check_text_width, output_size, settings_numbers
     from .text_encoder import QWEN3_SPEC, describe_qwen3, load_text_encoder
@@ -157,6 +165,7 @@ def generate(args: argparse.Namespace) -> list[Path]:
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
     edit = _edit(args, max_pixels)
+    loras = inputs.read_loras(args.lora)
     width, height = output_size(args.width, args.height, edit.size if edit else (sizes[0] if sizes else None))
     config, dit_bytes, checkpoint = weight_bytes(DIT_SPEC, args.model, dtype)
     variant = transformer_variant(checkpoint, config, args.variant)
@@ -181,6 +190,9 @@ def generate(args: argparse.Namespace) -> list[Path]:
     # 2. Text first (every prompt at once), then the encoder leaves the device.
     model = load_transformer(args.model, variant=args.variant, dtype=dtype, device="cpu")
     encoder = load_text_encoder(text_encoder, dtype=dtype, device=device)
+    for lora_file, strength in loras:  # each LoRA's report is logged as it is matched
+        lora = prepare_lora(lora_file, model.transformer, encoder.model, strength)
+        model, encoder = model.with_lora(lora), encoder.with_lora(lora)
     use_cfg = model.variant.uses_cfg and guidance > 1.0
     texts = list(args.prompt) + ([args.negative or ""] if use_cfg else [])
     check_conditioning(model, torch.empty(1, 1, encoder.output_dim), f"text encoder ({encoder.name})")

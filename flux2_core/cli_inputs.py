@@ -201,3 +201,35 @@ def as_tensor(image) -> torch.Tensor:
     if isinstance(image, Image.Image):
         return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0)
     return image.float()
+
+
+MAX_LORA_STRENGTH = 10.0
+
+
+def read_loras(values: list[str]) -> list[tuple[object, float]]:
+    """``--lora FILE[:STRENGTH]`` values -> [(LoraFile, strength)], read and checked before any model loads.
+
+    The strength follows the last ``:`` when that part is a number (``C:\\loras\\x.safetensors`` is a
+    path).
+    """
+    from .lora import read_lora
+
+    loras = []
+    for value in values:
+        path, strength = value, 1.0
+        head, sep, tail = value.rpartition(":")
+        if sep and head:
+            try:
+                strength = float(tail)
+                path = head
+            except ValueError:
+                pass
+        if not -MAX_LORA_STRENGTH <= strength <= MAX_LORA_STRENGTH:  # also refuses nan
+            raise Flux2Error(
+                f"--lora {value}: strength {strength:g} is out of range: give -{MAX_LORA_STRENGTH:g} to "
+                f"{MAX_LORA_STRENGTH:g} (1 = as trained), e.g. --lora {path}:0.8"
+            )
+        if not Path(path).is_file():
+            raise Flux2Error(f"--lora {value}: {path} is not a file: give the path of a LoRA .safetensors")
+        loras.append((read_lora(path), strength))
+    return loras

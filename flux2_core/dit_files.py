@@ -35,7 +35,8 @@ def load_transformer(
     keep_quantized: bool = True,
 ) -> Flux2Model:
     """Load a FLUX.2 DiT from a file, folder or GGUF; ``variant`` is "auto", "distilled", "base", "kv" or
-    "dev". ``dtype`` is the compute dtype; quantised layers stay quantised unless ``keep_quantized`` is off."""
+    "dev". ``dtype`` is the compute dtype; quantised layers stay quantised unless ``keep_quantized`` is
+    off."""
     loaded = load_component(DIT_SPEC, path, dtype, device, keep_quantized)
     chosen = transformer_variant(loaded.checkpoint, loaded.config, variant)
     log.info("%s: %s variant", loaded.checkpoint.name, chosen.name)

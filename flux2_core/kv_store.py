@@ -99,6 +99,8 @@ def reference_key(model: Flux2Model, references: ReferenceLatents, store: RefKVS
     digest = hashlib.sha256()
     digest.update(references.tokens.detach().float().cpu().contiguous().numpy().tobytes())
     digest.update(references.ids.to(torch.int64).cpu().contiguous().numpy().tobytes())
+    for lora in model.loras:  # LoRAs change the K/V: each set of them has its own entries
+        digest.update(f"{lora.name}:{lora.strength}:{id(lora)};".encode())
     return _model_token(net, store), str(net.dtype), str(net.device), digest.hexdigest()
 
 

@@ -23,6 +23,7 @@ from .flow import StepCallback, euler, make_noise, pack, start_from, truncate, u
 from .hooks import before_each, calling
 from .kv_cache import RefKVCache
 from .limits import check_request
+from .lora import DIT, patched
 from .references import ReferenceLatents
 from .rope import image_ids, text_ids
 from .transformer import Flux2Model
@@ -117,7 +118,8 @@ def sampling_memory(
 def encode_reference_kv(model: Flux2Model, references: ReferenceLatents) -> RefKVCache:
     """The KV model's reference K/V for ``references``, shared by every batch item, prompt, seed and step."""
     net = model.transformer
-    return net.encode_reference_kv(references.tokens.to(net.device, net.dtype), references.ids)
+    with patched(net, DIT, model.loras):
+        return net.encode_reference_kv(references.tokens.to(net.device, net.dtype), references.ids)
 
 
 def sample(
@@ -180,7 +182,10 @@ def sample(
     x = start_from(noise, source, sigmas[0])
     blend = None if mask is None else inpaint_blend(source, mask.float().to(device), noise)
     report = None if callback is None else (lambda step, total, x0: callback(step, total, unpack(x0, *grid)))
-    with before_each(model.transformer.blocks(), calling(interrupt)):
+    with (
+        before_each(model.transformer.blocks(), calling(interrupt)),
+        patched(model.transformer, DIT, model.loras),
+    ):
         x = euler(denoise, x, sigmas, report, blend)
     if not torch.isfinite(x).all():
         raise Flux2Error(

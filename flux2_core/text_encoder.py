@@ -10,6 +10,7 @@ model load through the same code; the named presets only put a name on what a fi
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from .errors import Flux2Error
 from .hooks import before_each, calling
 from .keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
 from .loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint, read_config
+from .lora import TE, patched
 from .ops import adopt_linears
 from .tokenizer import (
     NUM_BPE_TOKENS,
@@ -113,6 +115,13 @@ class TextEncoder:
         self.tokenizer = tokenizer
         self.shape = shape
         self.spec = spec
+        self.loras: tuple = ()  # lora.Lora objects whose text-encoder part applies while encoding
+
+    def with_lora(self, lora) -> TextEncoder:
+        """The same encoder (its weights shared) with ``lora``'s text-encoder part added after the others."""
+        other = copy.copy(self)
+        other.loras = (*self.loras, lora)
+        return other
 
     @property
     def output_dim(self) -> int:
@@ -149,7 +158,7 @@ class TextEncoder:
         input_ids, attention_mask = tokenize_prompts(
             self.tokenizer, prompts, spec.max_tokens, spec.template, spec.pad_id
         )  # [B, 512] each
-        with before_each(self.model.layers, calling(interrupt)):
+        with before_each(self.model.layers, calling(interrupt)), patched(self.model, TE, self.loras):
             out = self.model(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),

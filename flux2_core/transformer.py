@@ -17,7 +17,7 @@ models. The KV checkpoint instead modulates references at t = 0 and lets them at
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -153,11 +153,17 @@ class Flux2Transformer(nn.Module):
 
 @dataclass
 class Flux2Model:
-    """A loaded DiT with what was learned about it: its variant and the name of its shape."""
+    """A loaded DiT with what was learned about it: its variant, the name of its shape, and the LoRAs to
+    apply (at compute time, while it samples) on top of its weights."""
 
     transformer: Flux2Transformer
     variant: Variant
     name: str  # e.g. "klein 9B"
+    loras: tuple = ()  # lora.Lora objects, applied in order
+
+    def with_lora(self, lora) -> Flux2Model:
+        """The same model (its weights shared, never copied) with ``lora`` added after the others."""
+        return replace(self, loras=(*self.loras, lora))
 
     @property
     def config(self) -> Flux2Config:

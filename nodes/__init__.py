@@ -3,6 +3,7 @@
 from .decode import Flux2KleinDecode
 from .editing import Flux2KleinComposite, Flux2KleinEncode, Flux2KleinInpaintPrepare, Flux2KleinOutpaintPad
 from .loaders import Flux2KleinModelLoader, Flux2KleinTextEncoderLoader, Flux2KleinVAELoader
+from .lora import Flux2KleinLoraLoader
 from .reference_encode import Flux2KleinReferenceEncode
 from .sampler import Flux2KleinSampler
 from .text_encode import Flux2KleinTextEncode
@@ -19,6 +20,7 @@ NODE_CLASS_MAPPINGS = {
     "Flux2KleinInpaintPrepare": Flux2KleinInpaintPrepare,
     "Flux2KleinComposite": Flux2KleinComposite,
     "Flux2KleinOutpaintPad": Flux2KleinOutpaintPad,
+    "Flux2KleinLoraLoader": Flux2KleinLoraLoader,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -33,6 +35,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Flux2KleinInpaintPrepare": "FLUX.2 [klein] Inpaint Prepare",
     "Flux2KleinComposite": "FLUX.2 [klein] Composite",
     "Flux2KleinOutpaintPad": "FLUX.2 [klein] Outpaint Pad",
+    "Flux2KleinLoraLoader": "FLUX.2 [klein] LoRA Loader",
 }
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

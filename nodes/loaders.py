@@ -76,7 +76,9 @@ class Flux2KleinModelLoader:
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
         path = _path("diffusion_models", model_name)
         keep = weight_dtype == "default"  # a chosen dtype dequantises quantised files at load
-        model = load_transformer(path, variant=variant, dtype=dtype, device=offload_device, keep_quantized=keep)
+        model = load_transformer(
+            path, variant=variant, dtype=dtype, device=offload_device, keep_quantized=keep
+        )
         patcher = host.manage(model.transformer, load_device, offload_device)
         # the 9B-KV references' K/V kept for this model live on its device: they go when it leaves it
         host.on_unload(patcher, lambda: KV_STORE.forget_model(model.transformer))

@@ -85,10 +85,17 @@ FIRST_FILE = {
 
 def empty_folder_entry(folder: str) -> str:
     """What a loader's list shows when its folder holds no file: the list is never empty."""
+    if folder not in FIRST_FILE:  # loras: nothing to download by default
+        return f"(models/{folder} is empty)"
     return f"(models/{folder} is empty: get {FIRST_FILE[folder]})"
 
 
 def empty_folder_message(folder: str) -> str:
+    if folder not in FIRST_FILE:
+        return (
+            f"ComfyUI's models/{folder} folder holds no file: put a FLUX.2 [klein] LoRA (.safetensors) for "
+            f"this model's size into ComfyUI/models/{folder}/, then press R in the editor to refresh lists"
+        )
     f = FILES[FIRST_FILE[folder]]
     return (
         f"ComfyUI's models/{folder} folder holds no model file: download {f.name} ({f.what}, "

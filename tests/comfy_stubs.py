@@ -40,7 +40,7 @@ class InterruptProcessingException(BaseException):
 @dataclass
 class FakeHost:
     models_dir: Path
-    folders: tuple[str, ...] = ("diffusion_models", "text_encoders", "vae")
+    folders: tuple[str, ...] = ("diffusion_models", "text_encoders", "vae", "loras")
     progress: list[tuple[int, int, object]] = field(default_factory=list)  # (value, total, preview)
     loads: list[tuple[object, bool]] = field(default_factory=list)  # (patcher, force_full_load)
     unloads: list[object] = field(default_factory=list)

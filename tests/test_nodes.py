@@ -20,7 +20,9 @@ from comfy_stubs import (
     pack_module_name,
     unload_pack,
 )
-from tiny_dit import make_diffusers_dit, write_bfl_file
+from quant_files import write_gguf
+from safetensors.torch import save_file
+from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 from tiny_text import make_tiny_qwen3, write_comfy_file
 from tiny_vae import TINY_VAE, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
@@ -41,6 +43,8 @@ NODE_IDS = {  # node id -> (display name, category, RETURN_TYPES)
                                  ("LATENT", "FLUX2_KLEIN_REFERENCES", "FLUX2_KLEIN_STITCH")),
     "Flux2KleinComposite": ("FLUX.2 [klein] Composite", "flux2_klein/inpaint", ("IMAGE",)),
     "Flux2KleinOutpaintPad": ("FLUX.2 [klein] Outpaint Pad", "flux2_klein/inpaint", ("IMAGE", "MASK")),
+    "Flux2KleinLoraLoader": ("FLUX.2 [klein] LoRA Loader", "flux2_klein/loaders",
+                             ("FLUX2_KLEIN_MODEL", "STRING", "FLUX2_KLEIN_TEXT_ENCODER")),
 }  # fmt: skip
 INPUTS = {  # node id -> (required, optional) input ids: workflows store these, so they never change
     "Flux2KleinModelLoader": (["model_name", "variant"], ["weight_dtype"]),
@@ -60,6 +64,7 @@ INPUTS = {  # node id -> (required, optional) input ids: workflows store these, 
     ),
     "Flux2KleinComposite": (["image", "stitch", "feather"], []),
     "Flux2KleinOutpaintPad": (["image", "left", "top", "right", "bottom", "feather"], []),
+    "Flux2KleinLoraLoader": (["model", "lora_name", "strength"], ["block_strengths", "text_encoder"]),
 }
 # Native ids our ids could be confused with; a custom id equal to a native one is silently dropped by ComfyUI.
 NATIVE_IDS = {
@@ -83,6 +88,10 @@ def fake_host(tmp_path_factory):
     write_bfl_file(dit, root / "outside.safetensors")  # reachable only through "../"
     write_comfy_file(make_tiny_qwen3(), host.folder("text_encoders") / "qwen_tiny.safetensors")
     write_vae_file(random_vae_state_dict(TINY_VAE), host.folder("vae") / "flux2_tiny_vae.safetensors")
+    _write_lora(dit, host.folder("loras") / "tiny_lora.safetensors")
+    sd = bfl_state_dict(dit)
+    write_gguf(sd, host.folder("diffusion_models") / "klein_tiny-Q8_0.gguf", "flux",
+               {k: "Q8_0" for k in sd if sd[k].ndim == 2 and sd[k].shape[1] % 32 == 0})  # fmt: skip
     with host.installed():
         try:
             yield host
@@ -183,9 +192,8 @@ def test_widgets(pack, fake_host):
         "LATENT",
     ]  # fmt: skip
     loader = pack.NODE_CLASS_MAPPINGS["Flux2KleinModelLoader"].INPUT_TYPES()
-    assert loader["required"]["model_name"][0] == sorted(
-        ["klein_tiny.safetensors", "klein_tiny_base.safetensors", "klein_tiny_text24.safetensors"]
-    )
+    names = ["klein_tiny.safetensors", "klein_tiny_base.safetensors", "klein_tiny_text24.safetensors"]
+    assert loader["required"]["model_name"][0] == sorted([*names, "klein_tiny-Q8_0.gguf"])
     assert loader["required"]["variant"][0] == ["auto", "distilled", "base", "kv"]
     assert loader["optional"]["weight_dtype"][0] == ["default", "bfloat16", "float16", "float32"]
     te = pack.NODE_CLASS_MAPPINGS["Flux2KleinTextEncoderLoader"].INPUT_TYPES()
@@ -536,3 +544,58 @@ def test_a_noise_mask_of_batch_one_serves_a_latent_batch_of_two(nodes, loaded):
     native = {"samples": latent["samples"], "noise_mask": torch.ones(1, 1, 64, 64)}
     samples = run_sampler(nodes, loaded, latent=native)
     assert samples.shape == (2, 128, 4, 4) and not torch.equal(samples[0], samples[1])
+
+
+def _write_lora(dit, path):
+    """ai-toolkit layout on two layers, plus one text-encoder key (kohya) for the tiny Qwen3."""
+    g = torch.Generator().manual_seed(5)
+    sd = bfl_state_dict(dit)
+    tensors = {}
+    for layer in ("double_blocks.0.img_attn.qkv", "single_blocks.1.linear1"):
+        out, inp = sd[layer + ".weight"].shape
+        tensors[f"diffusion_model.{layer}.lora_A.weight"] = torch.randn(4, inp, generator=g)
+        tensors[f"diffusion_model.{layer}.lora_B.weight"] = torch.randn(out, 4, generator=g)
+    tensors["lora_te_model_layers_0_self_attn_q_proj.lora_down.weight"] = torch.randn(4, 32, generator=g)
+    tensors["lora_te_model_layers_0_self_attn_q_proj.lora_up.weight"] = torch.randn(32, 4, generator=g)
+    save_file(tensors, str(path))
+
+
+def test_lora_loader_applies_on_top_and_leaves_the_base_model_alone(nodes, loaded):
+    plain = run_sampler(nodes, loaded)
+    out = nodes["Flux2KleinLoraLoader"].load(loaded["model"], "tiny_lora.safetensors", 0.8)
+    model, report, text_encoder = out["result"]
+    assert out["ui"]["text"] == [report] and "2" in report and text_encoder is None
+    assert "text encoder" in report  # its text-encoder key is reported as not applied
+    with_lora = run_sampler(nodes, {**loaded, "model": model})
+    assert (with_lora - plain).abs().max() > 1e-3
+    assert torch.equal(run_sampler(nodes, loaded), plain)  # the input model is unchanged
+    assert model.model.transformer is loaded["model"].model.transformer  # one copy of the weights
+    chained = nodes["Flux2KleinLoraLoader"].load(model, "tiny_lora.safetensors", -0.8)["result"][0]
+    torch.testing.assert_close(run_sampler(nodes, {**loaded, "model": chained}), plain)
+
+
+def test_lora_loader_text_encoder_part_and_block_strengths(nodes, loaded, Flux2Error):
+    loader = nodes["Flux2KleinLoraLoader"]
+    _, _, encoder = loader.load(loaded["model"], "tiny_lora.safetensors", 1.0, "", loaded["encoder"])[
+        "result"
+    ]
+    (changed,) = nodes["Flux2KleinTextEncode"].encode(encoder, "a red apple on a table")
+    (again,) = nodes["Flux2KleinTextEncode"].encode(loaded["encoder"], "a red apple on a table")
+    assert not torch.equal(changed.embeds, loaded["positive"].embeds)
+    assert torch.equal(again.embeds, loaded["positive"].embeds)
+    off = loader.load(loaded["model"], "tiny_lora.safetensors", 1.0, "double=0, single=0")["result"][0]
+    assert torch.equal(run_sampler(nodes, {**loaded, "model": off}), run_sampler(nodes, loaded))
+    message = loader.VALIDATE_INPUTS(block_strengths="double=lots")
+    assert isinstance(message, str) and "double=lots" in message
+    with pytest.raises(Flux2Error, match="out of range"):
+        loader.load(loaded["model"], "tiny_lora.safetensors", 11.0)
+
+
+def test_gguf_files_are_listed_and_load(nodes, loaded):
+    choices = nodes["Flux2KleinModelLoader"].INPUT_TYPES()["required"]["model_name"][0]
+    assert "klein_tiny-Q8_0.gguf" in choices and "klein_tiny.safetensors" in choices
+    (model,) = nodes["Flux2KleinModelLoader"].load("klein_tiny-Q8_0.gguf", "distilled")
+    assert model.model.transformer.double_blocks[0].img_attn.qkv.weight.dtype == torch.uint8
+    out = run_sampler(nodes, {**loaded, "model": model})
+    plain = run_sampler(nodes, loaded)
+    assert ((out - plain).norm() / plain.norm()).item() < 0.1

@@ -1,0 +1,84 @@
+"""Flux2KleinLoraLoader: a LoRA on a FLUX.2 [klein] model (and its text encoder), applied at compute time.
+
+The base weights are never changed: the LoRA travels with the returned model and is added on top while it
+samples (on quantised bases too: fp8, nvfp4, int8 and GGUF stay quantised). The input model keeps working
+without it, and both share one copy of the weights in memory. Chain loaders for several LoRAs.
+"""
+
+from __future__ import annotations
+
+from ..flux2_core import Flux2Error, parse_block_strengths, prepare_lora, read_lora
+from . import types
+from .loaders import _choices, _path
+from .types import socket
+
+MAX_STRENGTH = 10.0
+
+TOOLTIPS = {
+    "model": "From FLUX.2 [klein] Model Loader (or another LoRA loader, to chain LoRAs).",
+    "lora_name": "A LoRA .safetensors from models/loras, in any common layout (ai-toolkit, kohya / musubi, "
+    "diffusers / PEFT, fal, OneTrainer, DiffSynth, LyCORIS LoKr / LoHa, DoRA). It must be made for this "
+    "model's size: a 9B LoRA does not fit klein 4B.",
+    "strength": "How strongly the LoRA applies: 1 = as trained, 0 = off, negative values invert it.",
+    "block_strengths": "Optional multipliers per block group on top of strength, comma separated: double, "
+    "double.img, double.txt, single, other, each optionally with a block number or range, e.g. "
+    "'double=1.0, single.0-11=0.5, other=0'. Later entries win. Empty: 1 everywhere.",
+    "text_encoder": "Optional: connect the text encoder to apply the LoRA's text-encoder part, if any.",
+}
+
+
+class Flux2KleinLoraLoader:
+    DESCRIPTION = (
+        "Applies a LoRA to a FLUX.2 [klein] model (and, for LoRAs that carry one, to its Qwen3 text "
+        "encoder). The report says which keys matched, which did not and which layers were touched."
+    )
+    CATEGORY = "flux2_klein/loaders"
+    RETURN_TYPES = (types.MODEL, "STRING", types.TEXT_ENCODER)
+    RETURN_NAMES = ("model", "report", "text_encoder")
+    OUTPUT_TOOLTIPS = (
+        "The model with the LoRA, for the sampler or another LoRA loader.",
+        "What matched: connect it to a Preview Any node to read it.",
+        "The text encoder with the LoRA's text-encoder part (the input one when none is connected).",
+    )
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": socket(types.MODEL, TOOLTIPS["model"]),
+                "lora_name": socket(_choices("loras"), TOOLTIPS["lora_name"]),
+                "strength": socket(
+                    "FLOAT", TOOLTIPS["strength"], default=1.0, min=-MAX_STRENGTH, max=MAX_STRENGTH, step=0.01
+                ),
+            },
+            "optional": {
+                "block_strengths": socket("STRING", TOOLTIPS["block_strengths"], default="", multiline=False),
+                "text_encoder": socket(types.TEXT_ENCODER, TOOLTIPS["text_encoder"]),
+            },
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, block_strengths=None):
+        if block_strengths:  # linked values arrive as None and are checked at run time
+            try:
+                parse_block_strengths(block_strengths)
+            except Flux2Error as e:
+                return str(e)
+        return True
+
+    def load(self, model, lora_name: str, strength: float, block_strengths: str = "", text_encoder=None):
+        if not -MAX_STRENGTH <= strength <= MAX_STRENGTH:
+            raise Flux2Error(
+                f"strength {strength} is out of range: use -{MAX_STRENGTH:g} to {MAX_STRENGTH:g}"
+            )
+        lora_file = read_lora(_path("loras", lora_name))
+        encoder = text_encoder.encoder.model if text_encoder is not None else None
+        lora = prepare_lora(
+            lora_file, model.model.transformer, encoder, strength, block_strengths or None, name=lora_name
+        )
+        report = lora.report.text()  # also in the log, from prepare_lora
+        patched = types.KleinModel(model.model.with_lora(lora), model.patcher)  # the same weights, shared
+        if text_encoder is not None:
+            text_encoder = types.KleinTextEncoder(text_encoder.encoder.with_lora(lora), text_encoder.patcher)
+        return {"ui": {"text": [report]}, "result": (patched, report, text_encoder)}
