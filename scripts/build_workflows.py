@@ -158,7 +158,18 @@ NODE_SPECS: dict[str, NodeSpec] = {
         inputs=(Socket("vae", VAE), Socket("latent", "LATENT")),
         outputs=(("image", "IMAGE"),),
     ),
+    "Flux2KleinLoraLoader": NodeSpec(
+        "FLUX.2 [klein] LoRA Loader",
+        inputs=(Socket("model", MODEL), Socket("text_encoder", TEXT_ENCODER, True)),
+        widgets=(
+            Widget("lora_name", "COMBO"),
+            Widget("strength", "FLOAT"),
+            Widget("block_strengths", "STRING", True),
+        ),
+        outputs=(("model", MODEL), ("report", "STRING"), ("text_encoder", TEXT_ENCODER)),
+    ),
     # native ComfyUI nodes
+    "PreviewAny": NodeSpec("Preview Any", inputs=(Socket("source", "*"),), outputs=(("STRING", "STRING"),)),
     "LoadImage": NodeSpec(
         "Load Image",
         widgets=(
@@ -270,7 +281,7 @@ class Graph:
         if dst_input in dst.links_in:
             raise ValueError(f"{dst.type}.{dst_input} is already linked")
         link = Link(len(self.links) + 1, src, src_slot, dst, dst_input)
-        if sockets[dst_input].type != link.type:
+        if sockets[dst_input].type not in (link.type, "*"):
             raise ValueError(f"type mismatch: {src.type}[{src_slot}] {link.type} -> {dst.type}.{dst_input}")
         self.links.append(link)
         dst.links_in[dst_input] = link.id
@@ -434,6 +445,19 @@ class Recipe:
     settings: str = ""
     mode: str = "generate"  # generate / img2img / inpaint / outpaint
     denoise: float = 1.0
+    lora: str | None = None  # a LoRA file in models/loras, applied by a LoRA Loader
+
+
+LORA_NOTE = """
+
+## LoRA
+
+Put a LoRA trained for klein 4B into `models/loras` and pick it in the **LoRA Loader** (`strength` 1 = as
+trained). Every common layout loads: ai-toolkit, kohya / musubi-tuner, diffusers / PEFT, fal, OneTrainer,
+DiffSynth, LyCORIS LoKr / LoHa and DoRA. The **report** (shown by Preview Any) says how many of its keys
+matched and lists any that did not; a LoRA for another model (9B, FLUX.1, FLUX.2 [dev]) is refused by name.
+The LoRA also reaches the text encoder when it has text-encoder keys. Chain loaders for several LoRAs;
+`block_strengths` (e.g. `double=1.0, single.0-11=0.5`) scales it per block."""
 
 
 def _note(r: Recipe) -> str:
@@ -447,6 +471,7 @@ def _note(r: Recipe) -> str:
     api = f"workflows/api/{r.name}.json"
     names = [f"ref{i + 1}.png" for i in range(r.references)] + (["image.png"] if r.mode != "generate" else [])
     images = " ".join(f"--image {name}" for name in names)
+    lora = LORA_NOTE if r.lora else ""
     return f"""# {r.title}
 
 {r.summary}
@@ -458,8 +483,8 @@ def _note(r: Recipe) -> str:
 {rows}
 
 Pick them in the three loader nodes; a wrong pairing (4B needs Qwen3-4B, 9B needs Qwen3-8B) is reported in
-plain words before sampling. Use the bf16 files named here: the fp8 files of ComfyUI's own klein templates are
-not read by these nodes.
+plain words before sampling. Quantised releases of the same models load too (fp8, nvfp4, int8 and GGUF files
+for the model, fp8mixed and GGUF files for the text encoder) and stay quantised in memory.{lora}
 
 ## Settings
 
@@ -501,6 +526,21 @@ def build(r: Recipe) -> Graph:
     )
     g.group("Models", model, te, vae)
 
+    if r.lora is not None:  # model and text encoder pass through the LoRA loader
+        lora = g.add(
+            "Flux2KleinLoraLoader",
+            (X_LOAD, 470),
+            (380, 130),
+            {"lora_name": r.lora, "strength": 1.0, "block_strengths": ""},
+        )
+        g.connect(model, lora, "model")
+        g.connect(te, lora, "text_encoder")
+        report = g.add("PreviewAny", (X_LOAD, 650), (380, 220), title="LoRA report")
+        g.connect(lora, report, "source", src_slot=1)
+        g.group("LoRA", lora, report)
+        model, te_slot, te = lora, 2, lora
+    else:
+        te_slot = 0
     positive = g.add(
         "Flux2KleinTextEncode",
         (X_ENCODE, 0),
@@ -510,7 +550,7 @@ def build(r: Recipe) -> Graph:
         color=POSITIVE_COLOR[0],
         bgcolor=POSITIVE_COLOR[1],
     )
-    g.connect(te, positive, "text_encoder")
+    g.connect(te, positive, "text_encoder", src_slot=te_slot)
     prompt_nodes = [positive]
     negative = None
     if r.negative is not None:
@@ -523,7 +563,7 @@ def build(r: Recipe) -> Graph:
             color=NEGATIVE_COLOR[0],
             bgcolor=NEGATIVE_COLOR[1],
         )
-        g.connect(te, negative, "text_encoder")
+        g.connect(te, negative, "text_encoder", src_slot=te_slot)
         prompt_nodes.append(negative)
     g.group("Prompt", *prompt_nodes)
 
@@ -668,6 +708,19 @@ EDIT_SIZE = (
 )
 
 RECIPES = (
+    Recipe(
+        name="flux2_klein_4b_lora",
+        title="FLUX.2 [klein] 4B: text to image with a LoRA",
+        summary="Text to image with the distilled klein 4B model and a LoRA on top (its report shown).",
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt=FOX,
+        settings=DISTILLED_SETTINGS,
+        lora="flux-2-klein-4b-lora.safetensors",
+    ),
     Recipe(
         name="flux2_klein_4b_text_to_image",
         title="FLUX.2 [klein] 4B: text to image",

@@ -101,8 +101,14 @@ CONTRACT = {
         "widgets": ["left", "top", "right", "bottom", "feather"],
         "outputs": ["IMAGE", "MASK"],
     },
+    "Flux2KleinLoraLoader": {
+        "inputs": {"model": (MODEL, True), "text_encoder": (TE, False)},
+        "widgets": ["lora_name", "strength", "block_strengths"],
+        "outputs": [MODEL, "STRING", TE],
+    },
 }
 NATIVE = {
+    "PreviewAny": {"inputs": {"source": ("*", True)}, "widgets": [], "outputs": ["STRING"]},
     # the upload button is frontend-only: kept in widgets_values ("image"), never sent to the server
     "LoadImage": {
         "inputs": {},
@@ -129,6 +135,7 @@ NAMES = [
     "flux2_klein_4b_img2img",
     "flux2_klein_4b_inpaint",
     "flux2_klein_4b_outpaint",
+    "flux2_klein_4b_lora",
 ]
 
 
@@ -216,10 +223,10 @@ def test_editor_links_are_consistent(name):
         inp = nodes[target]["inputs"][target_slot]
         assert link_id in out["links"], (name, link_id)
         assert inp["link"] == link_id, (name, link_id)
-        assert out["type"] == inp["type"] == type_, (name, link_id)
+        assert out["type"] == type_ and inp["type"] in (type_, "*"), (name, link_id)  # "*" takes any type
         # ... and the contract agrees on both ends
         assert SCHEMAS[nodes[origin]["type"]]["outputs"][origin_slot] == type_
-        assert SCHEMAS[nodes[target]["type"]]["inputs"][inp["name"]][0] == type_
+        assert SCHEMAS[nodes[target]["type"]]["inputs"][inp["name"]][0] in (type_, "*")
     # no dangling references on the nodes' side
     by_id = {lk[0]: lk for lk in wf["links"]}
     for node in wf["nodes"]:
@@ -271,6 +278,9 @@ def test_loaders_name_their_model_files(name):
     folders = {"model_name": "diffusion_models", "text_encoder_name": "text_encoders", "vae_name": "vae"}
     note = next(n for n in wf["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
     for node in wf["nodes"]:
+        if node["type"] == "Flux2KleinLoraLoader":  # the user's own LoRA: no download entry
+            assert "models" not in node["properties"] and "`models/loras`" in note
+            continue
         if not node["type"].endswith("Loader"):
             continue
         (widget,) = [w for w in folders if w in CONTRACT[node["type"]]["widgets"]]
@@ -305,7 +315,7 @@ def test_api_workflow_is_well_formed(name):
                 continue
             source, slot = value
             assert source in wf, f"{name}: node {node_id}.{input_name} links to missing node {source}"
-            assert SCHEMAS[wf[source]["class_type"]]["outputs"][slot] == type_
+            assert type_ in (SCHEMAS[wf[source]["class_type"]]["outputs"][slot], "*")
         if node["class_type"] == "Flux2KleinSampler":
             assert node["inputs"]["seed"] == 42
 
@@ -333,6 +343,14 @@ def _source(wf: dict, node: dict, input_name: str) -> dict | None:
     return wf[value[0]] if value else None
 
 
+def _through_loras(wf: dict, node: dict, input_name: str) -> dict | None:
+    """The loader behind ``node``'s input, past any LoRA loaders (model out 0, text encoder out 2)."""
+    source = _source(wf, node, input_name)
+    while source is not None and source["class_type"] == "Flux2KleinLoraLoader":
+        source = _source(wf, source, "model" if node["inputs"][input_name][1] == 0 else "text_encoder")
+    return source
+
+
 def _reference_chain(wf: dict) -> list[dict]:
     """Reference-encode nodes from the first reference to the one feeding the sampler."""
     chain, node = [], _source(wf, _sampler(wf), "references")
@@ -356,6 +374,7 @@ EXPECTED = {
         True,
     ),
     "flux2_klein_4b_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 1, False),
+    "flux2_klein_4b_lora": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 1024, 0, False),
     "flux2_klein_4b_multi_reference_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 4, False),
     "flux2_klein_9b_kv_edit": ("flux-2-klein-9b-kv", "qwen_3_8b", "kv", 4, 1.0, 0, 2, False),
     "flux2_klein_4b_img2img": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
@@ -370,10 +389,10 @@ def test_workflow_settings(name):
     dit, te, variant, steps, guidance, size, n_refs, has_negative = EXPECTED[name]
     wf = api(name)
     sampler = _sampler(wf)
-    model = _source(wf, sampler, "model")["inputs"]
+    model = _through_loras(wf, sampler, "model")["inputs"]
     assert (model["model_name"], model["variant"]) == (f"{dit}.safetensors", variant)
     positive = _source(wf, sampler, "positive")
-    assert _source(wf, positive, "text_encoder")["inputs"]["text_encoder_name"] == f"{te}.safetensors"
+    assert _through_loras(wf, positive, "text_encoder")["inputs"]["text_encoder_name"] == f"{te}.safetensors"
     assert positive["inputs"]["text"].strip()
     s = sampler["inputs"]
     assert (s["steps"], s["guidance"], s["width"], s["height"], s["batch_size"]) == (
@@ -721,3 +740,16 @@ def test_the_readme_lists_every_model_file_with_its_repo_licence_and_size():
         row = next(line for first, line in rows.items() if first.startswith(f"`{f.name}`"))
         assert f"`models/{f.folder}`" in row and f.repos_markdown in row, f.name
         assert f.licence in row and f"{f.size_gb:g} GB" in row, f.name
+
+
+def test_lora_workflow_wiring():
+    wf = api("flux2_klein_4b_lora")
+    (lora,) = [n for n in wf.values() if n["class_type"] == "Flux2KleinLoraLoader"]
+    (report,) = [n for n in wf.values() if n["class_type"] == "PreviewAny"]
+    assert _link(wf, _sampler(wf), "model") == ("Flux2KleinLoraLoader", 0)
+    assert _link(wf, report, "source") == ("Flux2KleinLoraLoader", 1)
+    positive = _source(wf, _sampler(wf), "positive")
+    assert _link(wf, positive, "text_encoder") == ("Flux2KleinLoraLoader", 2)
+    assert _link(wf, lora, "model") == ("Flux2KleinModelLoader", 0)
+    assert _link(wf, lora, "text_encoder") == ("Flux2KleinTextEncoderLoader", 0)
+    assert lora["inputs"]["strength"] == 1.0 and lora["inputs"]["lora_name"].endswith(".safetensors")

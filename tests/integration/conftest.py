@@ -80,7 +80,8 @@ QUANTISED_DITS = {
     "flux-2-klein-4b-nvfp4.safetensors": ("nvfp4", "header", {"prefix": "model.diffusion_model."}),
     "flux-2-klein-4b-int8-convrot.safetensors": ("int8_tensorwise", "tensor", {"convrot": 256}),
 }
-GGUF_DIT = "flux-2-klein-4b-Q8_0.gguf"
+GGUF_DIT = "flux-2-klein-4b-Q8_0.gguf"  # in the legacy models/unet folder
+LORA_FILE = "flux-2-klein-4b-lora.safetensors"  # the name the bundled LoRA workflow uses
 ATTENTION_BOOST = 3.0  # see sharpen_attention
 VAE_FILE = "flux2-vae.safetensors"
 NOT_A_DIT = "not-a-dit.safetensors"
@@ -182,8 +183,28 @@ def _write_quantised_dits(dit, folder: Path, paths: dict[str, Path]) -> None:
         write_quantised(sd, folder / name, fmt, form, prefix=options.pop("prefix", ""), **options)
         paths[name] = folder / name
     quantised = {layer + ".weight" for layer in quantised_layers(sd)}
-    write_gguf(sd, folder / GGUF_DIT, "flux", {k: "Q8_0" for k in quantised})
-    paths[GGUF_DIT] = folder / GGUF_DIT
+    unet = folder.parent / "unet"
+    unet.mkdir(exist_ok=True)
+    write_gguf(sd, unet / GGUF_DIT, "flux", {k: "Q8_0" for k in quantised})
+    paths[GGUF_DIT] = unet / GGUF_DIT
+    write_lora(sd, folder.parent / "loras" / LORA_FILE)
+    paths[LORA_FILE] = folder.parent / "loras" / LORA_FILE
+
+
+def write_lora(sd: dict, path: Path) -> None:
+    """A kohya-layout LoRA (with alpha) on the attention and MLP of every block of the 4B model."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(401)
+    tensors = {}
+    for key, weight in sd.items():
+        if ("_attn.qkv" in key or "_mlp.0" in key or ".linear1" in key) and key.endswith(".weight"):
+            name = "lora_unet_" + key[: -len(".weight")].replace(".", "_")
+            tensors[name + ".lora_down.weight"] = torch.randn(4, weight.shape[1], generator=g) * 0.5
+            tensors[name + ".lora_up.weight"] = torch.randn(weight.shape[0], 4, generator=g) * 0.5
+            tensors[name + ".alpha"] = torch.tensor(4.0)
+    save_file(tensors, str(path))
 
 
 def reference_png(width: int, height: int, seed: int = 0) -> bytes:
@@ -365,7 +386,13 @@ def _serve(tmp_path_factory, with_models: bool):
         pytest.fail(f"COMFYUI_PATH={comfyui_path} has no main.py: point it at a ComfyUI checkout")
 
     base = tmp_path_factory.mktemp("comfyui_base")
-    for sub in ("models/diffusion_models", "models/text_encoders", "models/vae", "models/loras"):
+    for sub in (
+        "models/diffusion_models",
+        "models/unet",
+        "models/text_encoders",
+        "models/vae",
+        "models/loras",
+    ):
         (base / sub).mkdir(parents=True)
     for sub in ("custom_nodes", "input", "output", "user", "temp", "references"):
         (base / sub).mkdir()
@@ -386,6 +413,7 @@ def _serve(tmp_path_factory, with_models: bool):
         f"    base_path: {base}/\n"
         "    is_default: true\n"
         "    diffusion_models: models/diffusion_models/\n"
+        "    unet: models/unet/\n"
         "    text_encoders: models/text_encoders/\n"
         "    vae: models/vae/\n"
         "    loras: models/loras/\n"

@@ -1,0 +1,54 @@
+"""Checkpoint formats and LoRAs in a real ComfyUI server: the lists, a GGUF from the legacy unet folder,
+the bundled LoRA workflow with its report."""
+
+from __future__ import annotations
+
+import numpy as np
+from conftest import GGUF_DIT, LORA_FILE, QUANTISED_DITS
+
+
+def _workflow(comfy, name: str, **sampler) -> dict:
+    kc = comfy.kc
+    wf = kc.prepare_workflow(comfy.api_workflow(name), prompt="a lighthouse at dusk", seed=5)
+    wf[kc.nodes_of_type(wf, kc.SAMPLER)[0]]["inputs"].update({"width": 128, "height": 96, **sampler})
+    return wf
+
+
+def _pixels(comfy, entry) -> np.ndarray:
+    (image,) = comfy.images(entry).values()
+    return np.asarray(image.convert("RGB"), dtype=np.int16)
+
+
+def test_loader_lists_hold_quantised_and_gguf_files(comfy):
+    info = comfy.object_info()
+    models = info["Flux2KleinModelLoader"]["input"]["required"]["model_name"][0]
+    assert {GGUF_DIT, *QUANTISED_DITS} <= set(models), models
+    assert LORA_FILE in info["Flux2KleinLoraLoader"]["input"]["required"]["lora_name"][0]
+    # native loaders keep their own lists: our GGUF listing does not leak into them
+    assert GGUF_DIT not in info["UNETLoader"]["input"]["required"]["unet_name"][0]
+
+
+def test_gguf_model_from_the_unet_folder_runs(comfy):
+    wf = _workflow(comfy, "flux2_klein_4b_text_to_image")
+    plain = _pixels(comfy, comfy.run(wf, 300))
+    wf["1"]["inputs"]["model_name"] = GGUF_DIT
+    assert wf["1"]["class_type"] == "Flux2KleinModelLoader"
+    gguf = _pixels(comfy, comfy.run(wf, 300))
+    difference = np.abs(gguf - plain).mean()
+    print(f"\n[gguf] mean |Q8_0 - bf16 file| = {difference:.2f}/255")  # noqa: T201
+    assert 0 < difference < 10, difference  # Q8_0 of the same weights: close, not identical
+
+
+def test_lora_workflow_reports_and_changes_the_image(comfy):
+    wf = _workflow(comfy, "flux2_klein_4b_lora")
+    entry = comfy.run(wf, 300)
+    with_lora = _pixels(comfy, entry)
+    (report_node,) = [i for i, n in wf.items() if n["class_type"] == "PreviewAny"]
+    report = "".join(entry["outputs"][report_node]["text"])
+    assert LORA_FILE in report and "kohya" in report.lower(), report
+    (lora_node,) = [i for i, n in wf.items() if n["class_type"] == "Flux2KleinLoraLoader"]
+    wf[lora_node]["inputs"]["strength"] = 0.0
+    without = _pixels(comfy, comfy.run(wf, 300))
+    effect = np.abs(with_lora - without).mean()
+    print(f"\n[lora] mean |strength 1 - strength 0| = {effect:.1f}/255\n{report}")  # noqa: T201
+    assert effect > 3, effect
