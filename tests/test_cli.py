@@ -1,6 +1,8 @@
 """The command line end to end, on tiny random files; one run is compared with diffusers' whole pipeline
 (tokenizer, Qwen3, DiT, VAE) given the same prompt and seed."""
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -114,3 +116,60 @@ def test_unreadable_reference_is_refused(files, tmp_path, caplog):
     bad.write_bytes(b"not an image")
     code, _ = _run(files, tmp_path, "--reference", str(bad))
     assert code == 2 and "could not read the reference image" in caplog.text
+
+
+def _tiny_lora(files, path, scale=0.5):
+    from safetensors.torch import save_file
+    from tiny_dit import bfl_state_dict
+
+    sd = bfl_state_dict(make_diffusers_dit(seed=7, joint_attention_dim=96))
+    g = torch.Generator().manual_seed(0)
+    tensors = {}
+    for layer in ("double_blocks.0.img_attn.qkv", "single_blocks.0.linear1", "double_blocks.1.img_mlp.0"):
+        out, inp = sd[layer + ".weight"].shape
+        tensors[f"diffusion_model.{layer}.lora_A.weight"] = torch.randn(4, inp, generator=g) * scale
+        tensors[f"diffusion_model.{layer}.lora_B.weight"] = torch.randn(out, 4, generator=g) * scale
+    tensors["diffusion_model.not_a_layer.lora_A.weight"] = torch.zeros(4, 32)
+    tensors["diffusion_model.not_a_layer.lora_B.weight"] = torch.zeros(32, 4)
+    save_file(tensors, str(path))
+    return path
+
+
+def test_lora_flag_changes_the_image_and_prints_its_report(files, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    lora = _tiny_lora(files, tmp_path / "style.safetensors")
+    size = ("--width", "64", "--height", "64", "--seed", "2")
+    code, plain_out = _run(files, tmp_path, *size)
+    plain = np.asarray(Image.open(plain_out)).astype(int)
+    code, out = _run(files, tmp_path, *size, "--lora", f"{lora}:1.5")
+    assert code == 0
+    assert np.abs(np.asarray(Image.open(out)).astype(int) - plain).mean() > 1
+    assert "style.safetensors" in caplog.text and "not_a_layer" in caplog.text  # the unmatched key
+    code, out = _run(files, tmp_path, *size, "--lora", f"{lora}:0", "--lora", str(lora) + ":0")
+    assert code == 0 and np.array_equal(np.asarray(Image.open(out)).astype(int), plain)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("missing.safetensors", "is not a file"), ("{lora}:12", "strength 12 is out of range")],
+)
+def test_bad_lora_flags_are_refused_before_loading(files, tmp_path, caplog, value, message):
+    lora = _tiny_lora(files, tmp_path / "style.safetensors")
+    code, out = _run(files, tmp_path, "--lora", value.format(lora=lora))
+    assert code == 2 and not out.exists() and message in caplog.text
+
+
+def test_quantised_model_runs_from_the_cli(files, tmp_path):
+    from quant_files import write_quantised
+    from tiny_dit import bfl_state_dict
+
+    sd = bfl_state_dict(make_diffusers_dit(seed=7, joint_attention_dim=96))
+    path = tmp_path / "flux-2-klein-4b-fp8.safetensors"
+    write_quantised(sd, path, "float8_e4m3fn")
+    size = ("--width", "64", "--height", "64", "--seed", "2")
+    code, plain_out = _run(files, tmp_path, *size)
+    plain = np.asarray(Image.open(plain_out)).astype(int)
+    files["paths"]["fp8"] = path
+    code, out = _run(files, tmp_path, *size, model="fp8")
+    assert code == 0
+    assert 0 < np.abs(np.asarray(Image.open(out)).astype(int) - plain).mean() < 8
