@@ -30,7 +30,7 @@ _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool, "F8_E4M3": getattr(torch, "float8_e4m3fn", None),
-    "F8_E5M2": getattr(torch, "float8_e5m2", None),
+    "F8_E5M2": getattr(torch, "float8_e5m2", None), "F8_E8M0": getattr(torch, "float8_e8m0fnu", None),
 }  # fmt: skip
 
 
@@ -47,7 +47,7 @@ class LazyTensors(Mapping):
             except _READ_ERRORS as e:
                 raise _unreadable(file, e) from None
             self._handles.append(handle)
-            self.metadata.update(handle.metadata() or {})
+            _merge_metadata(self.metadata, handle.metadata() or {})
             for key in handle.keys():
                 self._where[key] = (handle, file)
 
@@ -70,6 +70,19 @@ class LazyTensors(Mapping):
     def dtype(self, key: str) -> torch.dtype | str:
         name = self._where[key][0].get_slice(key).get_dtype()
         return _DTYPES.get(name) or name
+
+
+def _merge_metadata(merged: dict[str, str], shard: dict[str, str]) -> None:
+    """Header metadata over shards; the layers each shard's ``_quantization_metadata`` lists all count."""
+    for key, value in shard.items():
+        if key == "_quantization_metadata" and key in merged:
+            try:
+                old, new = json.loads(merged[key]), json.loads(value)
+                old.setdefault("layers", {}).update(new.get("layers", {}))
+                value = json.dumps(old)
+            except (json.JSONDecodeError, AttributeError, TypeError):
+                pass  # the quantisation reader reports the broken header
+        merged[key] = value
 
 
 def tensor_shape(tensors: Mapping, key: str) -> tuple[int, ...]:

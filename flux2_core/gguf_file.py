@@ -84,7 +84,7 @@ class GGUFTensors(Mapping):
         if not self.path.is_file():
             raise Flux2Error(f"GGUF file not found: {self.path}")
         try:
-            reader = gguf.GGUFReader(self.path)
+            reader = gguf.GGUFReader(self.path, "c")  # copy-on-write: tensors share the file's pages
         except Exception as e:  # the reader raises ValueError, IndexError, KeyError, ... on damaged files
             raise _corrupt(self.path, e) from e
         self._byte_swapped = reader.byte_order == "S"
@@ -131,7 +131,9 @@ class GGUFTensors(Mapping):
             # copy out of the read-only map (also puts byte-swapped data in host order)
             arr = np.array(data, dtype=data.dtype.newbyteorder("="), copy=True)
             return torch.from_numpy(arr).reshape(self._shapes[key])
-        raw = torch.from_numpy(np.array(data, copy=True))
+        # No copy: the bytes stay the memory-mapped file's pages (read once, shared, never duplicated in
+        # memory); a write would go to a private copy of the page (the map is copy-on-write), never the file.
+        raw = torch.from_numpy(data)
         if qtype == BF16:
             return raw.reshape(-1).view(torch.bfloat16).reshape(self._shapes[key])
         return raw

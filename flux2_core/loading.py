@@ -169,6 +169,11 @@ def weight_bytes(spec: ComponentSpec, path: str | Path, dtype: torch.dtype) -> t
     checkpoint = open_checkpoint(path, spec.component)
     pieces, shapes, quantized = plan_checkpoint(spec, checkpoint)
     config = read_config(spec, shapes, checkpoint)
+    if quantized:  # only linear layers stay quantised (an embedding is dequantised): the meta model says
+        with torch.device("meta"):
+            module = spec.build(config)
+        layers = {name for name, _ in linears(module)}
+        quantized = {name: q for name, q in quantized.items() if name in layers}
     itemsize = torch.finfo(dtype).bits // 8
     total = 0
     for key, shape in shapes.items():

@@ -150,7 +150,7 @@ class LoraReport:
     def text(self) -> str:
         lines = [
             f"LoRA {self.name}: {self.family}, {' + '.join(self.kinds) or 'no adapters'}, for {self.model}",
-            f"  diffusion model: {self.matched} of the file's {self.total} modules applied "
+            f"  diffusion model: {self.matched} of the file's {self.total} modules applied here "
             f"({self.layers} layers)" + (f"; scale {self.alpha}" if self.alpha else ""),
             f"  text encoder: {self.text_encoder}",
         ]
@@ -237,8 +237,8 @@ def wrong_text_encoder(name: str, mismatched: list, text_encoder) -> Flux2Error:
 def too_deep(name: str, keys: list[str], aliases: dict, transformer) -> Flux2Error:
     target = aliases[keys[0]].placements[0][0]
     double, single = len(transformer.double_blocks), len(transformer.single_blocks)
-    deeper = (
-        "FLUX.1"
+    deeper = (  # the block's own shapes were never compared: klein 9B (4096) and FLUX.1 (3072) both fit
+        "a model with more blocks (klein 9B, FLUX.1 or FLUX.2 [dev])"
         if model_hidden(transformer) == 3072 and (double, single) == KLEIN_4B_BLOCKS
         else "a deeper model"
     )

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from .checkpoint import tensor_dtype, tensor_shape
 from .errors import Flux2Error
@@ -117,7 +118,8 @@ def find_quantized(
         elif legacy and short + ".scale_weight" in names:
             fmt = "float8_e5m2" if stored == torch.float8_e5m2 else "float8_e4m3fn"
             found[short] = _layer(short, fmt, {}, names, tensors, what)
-        elif stored in (torch.float8_e4m3fn, torch.float8_e5m2):
+        elif stored in (torch.float8_e4m3fn, torch.float8_e5m2) and len(tensor_shape(tensors, file)) == 2:
+            # plain fp8 (scale 1, or a scale with no marker); 1-D fp8 tensors (norms) are simply cast
             found[short] = _layer(short, str(stored).removeprefix("torch."), {}, names, tensors, what)
         elif isinstance(stored, GGMLType):
             found[short] = _gguf_layer(short, file, stored, tensors)
@@ -203,14 +205,12 @@ def dequantize(q: QuantLayer, stored: Mapping[str, torch.Tensor], dtype: torch.d
             w = (w.reshape(o, i // g, g) @ hadamard(g, w.device).T).reshape(o, i)
         return w.to(dtype)
     if q.format == "nvfp4":
-        lut = torch.tensor(_E2M1, dtype=dtype, device=w.device)
-        codes = torch.stack([w >> 4, w & 0x0F], dim=-1).reshape(w.shape[0], -1)  # high nibble first
+        rows, cols = w.shape[0], w.shape[1] * 2
+        pairs = F.embedding(w.int(), _e2m1_pairs(dtype, w.device))  # [rows, cols/2, 2]: high nibble first
         blocks = unswizzle(scale.view(torch.float8_e4m3fn) if scale.dtype == torch.uint8 else scale)
-        per_block = blocks[: w.shape[0], : codes.shape[1] // 16].to(dtype) * stored["weight_scale_2"].to(
-            dtype
-        )
-        values = lut[codes.long()].reshape(w.shape[0], -1, 16) * per_block.unsqueeze(-1)
-        return values.reshape(w.shape[0], -1)
+        per_block = blocks[:rows, : cols // 16].to(dtype) * stored["weight_scale_2"].to(dtype)
+        values = pairs.reshape(rows, -1, 16) * per_block.unsqueeze(-1)
+        return values.reshape(rows, cols)
     if q.format == "mxfp8":
         exponents = unswizzle(scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale)
         exponents = exponents[: w.shape[0], : w.shape[1] // 32].to(torch.int32)
@@ -218,6 +218,13 @@ def dequantize(q: QuantLayer, stored: Mapping[str, torch.Tensor], dtype: torch.d
         values = w.to(torch.float32).reshape(w.shape[0], -1, 32) * factor.unsqueeze(-1)
         return values.reshape(w.shape).to(dtype)
     return gguf_dequantize(w, q.qtype, q.shape, dtype)
+
+
+def _e2m1_pairs(dtype: torch.dtype, device) -> torch.Tensor:
+    """[256, 2]: the two E2M1 values of each byte, the high nibble's first."""
+    lut = torch.tensor(_E2M1, dtype=dtype, device=device)
+    codes = torch.arange(256, device=device)
+    return torch.stack([lut[codes >> 4], lut[codes & 0x0F]], dim=-1)
 
 
 def unswizzle(stored: torch.Tensor) -> torch.Tensor:
@@ -311,7 +318,7 @@ class QuantWeight:
         sx = (x2.abs().amax(-1, keepdim=True).float() / 127).clamp(min=1e-30)
         xq = (x2 / sx.to(x2.dtype)).round().clamp(-128, 127).to(torch.int8)
         try:
-            acc = torch._int_mm(xq, q.T.contiguous())
+            acc = torch._int_mm(xq, q.t())
         except RuntimeError:  # shapes the int8 kernel does not take (e.g. a few rows on a GPU)
             return None
         y = (acc.float() * (sx * scale.float().reshape(1, -1))).to(x.dtype)
@@ -342,6 +349,7 @@ def quantize_layer(layer, q: QuantLayer, what: str, int8_matmul: bool = False) -
             f"[{layer.out_features}, {layer.in_features}]; the file is not a consistent checkpoint"
         )
     for role, (shape, dtype) in q.stored.items():
+        dtype = dtype if isinstance(dtype, torch.dtype) else torch.uint8  # bytes of a type torch lacks
         tensor = torch.empty(shape, dtype=dtype, device="meta")
         if role == "weight":
             layer.weight = torch.nn.Parameter(tensor, requires_grad=False)

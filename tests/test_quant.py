@@ -326,3 +326,94 @@ def test_qwen3_fp8mixed_text_encoder(tmp_path):
     torch.testing.assert_close(
         encoder.encode(["a red fox"]), want.encode(["a red fox"]), rtol=1e-5, atol=1e-5
     )
+
+
+def test_plain_fp8_files_cast_their_norms(dit, tmp_path):
+    # Every tensor fp8, no scales; norms spelled `.weight` as re-saved files do (1-D: simply cast).
+    sd = {k.replace("_norm.scale", "_norm.weight"): v for k, v in bfl_state_dict(dit).items()}
+    save_file({k: v.to(torch.float8_e4m3fn) for k, v in sd.items()}, str(tmp_path / "plain.safetensors"))
+    model = load_transformer(tmp_path / "plain.safetensors", variant="distilled")
+    norm = model.transformer.double_blocks[0].img_attn.norm.query_norm.scale
+    assert norm.dtype == torch.float32
+    assert torch.equal(
+        norm, sd["double_blocks.0.img_attn.norm.query_norm.weight"].to(torch.float8_e4m3fn).float()
+    )
+    tiny = make_tiny_qwen3(seed=7)
+    tensors = {k: v.to(torch.float8_e4m3fn) for k, v in model_tensors(tiny).items()}
+    save_file(tensors, str(tmp_path / "qwen_fp8.safetensors"))
+    encoder = load_text_encoder(tmp_path / "qwen_fp8.safetensors")
+    want = text_encoder_from_state_dict({k: v.float() for k, v in tensors.items()})
+    torch.testing.assert_close(encoder.encode(["a fox"]), want.encode(["a fox"]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale_dtype", [torch.uint8, getattr(torch, "float8_e8m0fnu", None)])
+def test_mxfp8_file_loads_with_either_scale_dtype(dit, tmp_path, scale_dtype):
+    if scale_dtype is None:
+        pytest.skip("this torch has no float8_e8m0fnu")
+    sd = bfl_state_dict(dit)
+    layer = "single_blocks.0.linear1"
+    w = sd.pop(layer + ".weight")
+    g = torch.Generator().manual_seed(3)
+    values = (torch.randn(w.shape, generator=g) * 4).to(torch.float8_e4m3fn)
+    exps = torch.randint(118, 124, (w.shape[0], w.shape[1] // 32), generator=g)
+    flat = torch.zeros(-(-w.shape[0] // 128) * 128 * 4, dtype=torch.uint8)
+    for r in range(w.shape[0]):
+        for k in range(exps.shape[1]):
+            flat[swizzled_index(r, k, 4)] = int(exps[r, k])
+    sd[layer + ".weight"] = values
+    sd[layer + ".weight_scale"] = flat.reshape(-1, 4).view(scale_dtype)
+    sd[layer + ".comfy_quant"] = marker({"format": "mxfp8"})
+    save_file(sd, str(tmp_path / "mxfp8.safetensors"))
+    model = load_transformer(tmp_path / "mxfp8.safetensors", variant="distilled")
+    got = dict(linears(model.transformer))[layer].compute_weight(torch.float32, CPU)
+    assert torch.equal(got, values.float() * torch.exp2(exps.float() - 127).repeat_interleave(32, 1))
+
+
+def test_sharded_header_only_file_keeps_every_shards_layers(dit, tmp_path):
+    sd = bfl_state_dict(dit)
+    whole = tmp_path / "whole.safetensors"
+    expected = write_quantised(sd, whole, "int8_tensorwise", "header")
+    from safetensors import safe_open
+
+    with safe_open(str(whole), "pt") as f:
+        tensors, layers = (
+            {k: f.get_tensor(k) for k in f.keys()},
+            json.loads(f.metadata()["_quantization_metadata"]),
+        )
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    keys = sorted(tensors)
+    halves = {
+        "model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+        "model-00002-of-00002.safetensors": keys[len(keys) // 2 :],
+    }
+    for name, part in halves.items():
+        own = {k: v for k, v in layers["layers"].items() if k + ".weight" in part}
+        header = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": own})}
+        save_file({k: tensors[k] for k in part}, str(folder / name), metadata=header)
+    model = load_transformer(folder, variant="distilled")
+    got = dict(linears(model.transformer))
+    for key, want in expected.items():
+        assert torch.equal(got[key[: -len(".weight")]].compute_weight(torch.float32, CPU), want)
+
+
+def test_weight_bytes_counts_a_quantised_embedding_dequantised(tmp_path):
+    from flux2_core.text_encoder import QWEN3_SPEC
+
+    tiny = make_tiny_qwen3(seed=8)
+    tensors = model_tensors(tiny, lm_head=False)
+    out = {}
+    for key, value in tensors.items():
+        if value.ndim == 2:
+            scale = value.abs().max() / 448
+            out[key], out[key[:-7] + ".weight_scale"] = (value / scale).to(torch.float8_e4m3fn), scale
+            out[key[:-7] + ".comfy_quant"] = marker({"format": "float8_e4m3fn"})
+        else:
+            out[key] = value
+    save_file(out, str(tmp_path / "te.safetensors"))
+    encoder = load_text_encoder(tmp_path / "te.safetensors")
+    held = sum(t.numel() * t.element_size() for t in [*encoder.model.parameters(), *encoder.model.buffers()])
+    planned = weight_bytes(QWEN3_SPEC, tmp_path / "te.safetensors", torch.float32)[1]
+    rotary = sum(b.numel() * b.element_size() for b in encoder.model.rotary_emb.buffers())  # in no file
+    assert encoder.model.embed_tokens.weight.dtype == torch.float32  # an embedding is dequantised at load
+    assert planned == held - rotary
