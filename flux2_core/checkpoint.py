@@ -150,7 +150,7 @@ def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
     if path.is_file() and path.suffix.lower() == ".gguf":
         return _open_gguf(path)
     if path.is_file():
-        _check_suffix(path)
+        check_suffix(path)
         # A weights file inside a diffusers repository (repo/transformer/x.safetensors) or beside its index.
         model_index = _read_json(path.parent / "model_index.json") or _read_json(
             path.parent.parent / "model_index.json"
@@ -191,17 +191,16 @@ def _unreadable(file: Path, error: Exception) -> Flux2Error:
     )
 
 
-def _check_suffix(path: Path) -> None:
+def check_suffix(path: Path, kind: str = "model", accepted: str = "a .safetensors or .gguf file") -> None:
+    """Refuse pickle files (loading them can run code) and anything but ``accepted``, in plain words."""
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES:
         raise Flux2Error(
             f"{path.name} is a pickle file ({suffix}), which is never loaded because it can run code: "
-            "use the .safetensors release of the model"
+            f"use the .safetensors release of the {kind} (or convert it to safetensors)"
         )
     if suffix != ".safetensors":
-        raise Flux2Error(
-            f"{path.name} is not a .safetensors or .gguf file: only those checkpoints are supported"
-        )
+        raise Flux2Error(f"{path.name} is not {accepted}: only those {kind} files are supported")
 
 
 def _shard_index_naming(file: Path) -> Path | None:

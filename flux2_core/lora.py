@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import PICKLE_SUFFIXES, LazyTensors
+from .checkpoint import LazyTensors, check_suffix
 from .errors import Flux2Error
 from .lora_keys import Alias, block_of, dit_aliases, group_tensors, text_encoder_aliases
 from .lora_patches import (
@@ -89,14 +89,7 @@ def read_lora(path: str | Path) -> LoraFile:
     path = Path(path)
     if not path.is_file():
         raise Flux2Error(f"{path} does not exist: check the path of the LoRA file")
-    suffix = path.suffix.lower()
-    if suffix in PICKLE_SUFFIXES:
-        raise Flux2Error(
-            f"{path.name} is a pickle file ({suffix}), which is never loaded because it can run code: "
-            "use the .safetensors version of the LoRA (or convert it to safetensors)"
-        )
-    if suffix != ".safetensors":
-        raise Flux2Error(f"{path.name} is not a .safetensors file: only safetensors LoRAs are supported")
+    check_suffix(path, "LoRA", "a .safetensors file")
     lazy = LazyTensors([path])  # a truncated or corrupt file raises a Flux2Error naming it
     tensors = {key: lazy[key] for key in lazy}
     return LoraFile(path.name, tensors, dict(lazy.metadata), path)
