@@ -417,3 +417,20 @@ def test_weight_bytes_counts_a_quantised_embedding_dequantised(tmp_path):
     rotary = sum(b.numel() * b.element_size() for b in encoder.model.rotary_emb.buffers())  # in no file
     assert encoder.model.embed_tokens.weight.dtype == torch.float32  # an embedding is dequantised at load
     assert planned == held - rotary
+
+
+def test_pairing_reads_text_widths_from_quantised_and_gguf_encoders(tmp_path):
+    pytest.importorskip("gguf")
+    from flux2_core.text_encoder import QWEN3_SPEC
+
+    tiny = make_tiny_qwen3(seed=9)
+    tensors = model_tensors(tiny, lm_head=False)
+    write_gguf({_llama_name(k): v for k, v in tensors.items()}, tmp_path / "te.gguf", "qwen3",
+               {_llama_name(k): "Q8_0" for k, v in tensors.items() if v.ndim == 2})  # fmt: skip
+    out = {}
+    for key, value in tensors.items():
+        out[key] = value.to(torch.float8_e4m3fn) if value.ndim == 2 and "layers" in key else value
+    save_file(out, str(tmp_path / "te_fp8.safetensors"))
+    for name in ("te.gguf", "te_fp8.safetensors"):
+        shape = weight_bytes(QWEN3_SPEC, tmp_path / name, torch.float32)[0]
+        assert (shape.hidden_size, shape.output_dim, shape.num_layers) == (32, 96, 28), name
