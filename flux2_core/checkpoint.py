@@ -5,8 +5,7 @@ A user may point at a single ``.safetensors`` file, at a folder holding one mode
 ``text_encoder/``, ``vae/``...), in which case the wanted component's subfolder is used, or at a ``.gguf``
 file (llama.cpp Qwen3 names are given their Hugging Face names here). Pickle files are never opened.
 Opening reads only the headers: names, shapes and dtypes are known at once, and each tensor is read from the
-memory-mapped file when it is asked for, so loading never holds the whole file in memory next to the model
-it fills.
+file when it is asked for, so loading never holds the whole file in memory next to the model it fills.
 """
 
 from __future__ import annotations
@@ -35,26 +34,39 @@ _DTYPES = {
 
 
 class LazyTensors(Mapping):
-    """The tensors of one or more safetensors files by name; a tensor is read when it is looked up."""
+    """The tensors of one or more safetensors files by name; a tensor is read when it is looked up.
+
+    A lookup reads the tensor's bytes with plain file reads into memory of its own (never a memory map of the
+    file), so loading holds one copy of each weight: the page cache the reads go through is not the process's
+    memory, and a tensor handed to another device or cast to another dtype leaves nothing behind.
+    """
 
     def __init__(self, files: list[Path]):
         self._handles = []
         self._where: dict[str, tuple[object, Path]] = {}
+        self._layout: dict[str, tuple[Path, str, tuple[int, ...], int, int]] = {}
+        self._scratch: torch.Tensor | None = None
         self.metadata: dict[str, str] = {}
         for file in files:
             try:
-                handle = safe_open(str(file), framework="pt", device="cpu")
+                handle = safe_open(str(file), framework="pt", device="cpu")  # validates the header
             except _READ_ERRORS as e:
                 raise _unreadable(file, e) from None
             self._handles.append(handle)
             _merge_metadata(self.metadata, handle.metadata() or {})
+            layout = _layout(file)
             for key in handle.keys():
                 self._where[key] = (handle, file)
+                if key in layout:
+                    self._layout[key] = (file, *layout[key])
 
     def __getitem__(self, key: str) -> torch.Tensor:
         handle, file = self._where[key]
+        entry = self._layout.get(key)
         try:
-            return handle.get_tensor(key)
+            if entry is not None and _DTYPES.get(entry[1]) is not None:
+                return _read_tensor(*entry)
+            return handle.get_tensor(key)  # a dtype torch has no name for: safetensors' own reader
         except _READ_ERRORS as e:
             raise _unreadable(file, e) from None
 
@@ -70,6 +82,73 @@ class LazyTensors(Mapping):
     def dtype(self, key: str) -> torch.dtype | str:
         name = self._where[key][0].get_slice(key).get_dtype()
         return _DTYPES.get(name) or name
+
+    def read_as(self, key: str, dtype: torch.dtype) -> torch.Tensor:
+        """``self[key]`` cast to ``dtype``; the stored bytes go through one read buffer reused for every
+        tensor (freed by ``release_buffers``), so casting while loading leaves no freed blocks behind."""
+        entry = self._layout.get(key)
+        stored = _DTYPES.get(entry[1]) if entry is not None else None
+        if stored is None or stored == dtype or not stored.is_floating_point:
+            tensor = self[key]
+            return tensor.to(dtype) if tensor.is_floating_point() else tensor
+        nbytes = entry[4]
+        if self._scratch is None or self._scratch.numel() < nbytes:
+            self._scratch = None
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8)
+        try:
+            raw = _read_tensor(*entry, buffer=self._scratch[:nbytes])
+        except _READ_ERRORS as e:
+            raise _unreadable(entry[0], e) from None
+        return raw.to(dtype)
+
+    def release_buffers(self) -> None:
+        self._scratch = None
+
+
+def read_tensor(tensors: Mapping, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``tensors[key]``, floating tensors cast to ``dtype`` if given (read straight into it when lazy)."""
+    if dtype is None:
+        return tensors[key]
+    if isinstance(tensors, LazyTensors):
+        return tensors.read_as(key, dtype)
+    tensor = tensors[key]
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+
+def _layout(file: Path) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """{name: (dtype, shape, absolute byte offset, byte count)} from a (validated) safetensors header."""
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    start = 8 + size
+    return {
+        name: (entry["dtype"], tuple(entry["shape"]), start + entry["data_offsets"][0],
+               entry["data_offsets"][1] - entry["data_offsets"][0])
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }  # fmt: skip
+
+
+def _read_tensor(
+    file: Path,
+    dtype: str,
+    shape: tuple[int, ...],
+    offset: int,
+    nbytes: int,
+    buffer: torch.Tensor | None = None,
+) -> torch.Tensor:
+    buffer = torch.empty(nbytes, dtype=torch.uint8) if buffer is None else buffer
+    if nbytes:
+        view = memoryview(buffer.numpy())
+        with open(file, "rb", buffering=0) as f:
+            f.seek(offset)
+            done = 0
+            while done < nbytes:
+                got = f.readinto(view[done:])
+                if not got:
+                    raise OSError(f"the file ends {nbytes - done} bytes before tensor data it lists")
+                done += got
+    return buffer.view(_DTYPES[dtype]).reshape(shape)
 
 
 def _merge_metadata(merged: dict[str, str], shard: dict[str, str]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import Checkpoint, open_checkpoint, tensor_dtype, tensor_shape
+from .checkpoint import Checkpoint, open_checkpoint, read_tensor, tensor_dtype, tensor_shape
 from .errors import Flux2Error
 from .keymaps import KeyMap, Placement, plan, strip_prefix
 from .ops import PLAIN, Linear, WeightSource, linears
@@ -299,6 +299,9 @@ def fill(
                 "nvfp4, int8 or GGUF release of the model"
             )
     for key, target in expected.items():
+        cast = None  # the dtype a floating tensor takes (None: as stored)
+        if dtype is not None and key not in stored_keys and target.is_floating_point():
+            cast = torch.float32 if any(key.startswith(p) for p in spec.keep_float32) else dtype
         if key in defaults:
             tensor = defaults[key]()
         elif key in eager:
@@ -306,24 +309,33 @@ def fill(
             tensor = dequantize(q, {role: tensors[k] for role, k in q.keys.items()}, dtype or torch.float32)
             tensor = tensor[tuple(slice(0, n) for n in target.shape)]
         else:
-            tensor = assemble(pieces[key], tensors, key, what)
+            tensor = assemble(pieces[key], tensors, key, what, cast)
         tensor = tensor.reshape(target.shape)  # diffusers' Linear [C, C] for a 1x1 conv [C, C, 1, 1]
-        if tensor.is_floating_point() and dtype is not None and key not in stored_keys:  # None: file dtypes
-            keep = any(key.startswith(prefix) for prefix in spec.keep_float32)
-            tensor = tensor.to(torch.float32 if keep else dtype)
+        if cast is not None and tensor.is_floating_point():
+            tensor = tensor.to(cast)
         _assign(module, key, tensor.to(device), isinstance(target, nn.Parameter))
+    release = getattr(tensors, "release_buffers", None)
+    if release is not None:
+        release()
 
 
-def assemble(parts: list[tuple[str, Placement]], tensors: Mapping, key: str, what: str) -> torch.Tensor:
-    """Our tensor ``key`` from its file pieces: one tensor as it is, or parts concatenated in order."""
+def assemble(
+    parts: list[tuple[str, Placement]],
+    tensors: Mapping,
+    key: str,
+    what: str,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Our tensor ``key`` from its file pieces: one tensor as it is, or parts concatenated in order; read
+    straight into ``dtype`` when one is given (a floating tensor is then never held in both dtypes)."""
     if len(parts) == 1 and parts[0][1].into is None:
         file_key, placement = parts[0]
-        return _take(tensors[file_key], placement)
+        return _take(read_tensor(tensors, file_key, dtype), placement)
     blocks = {p.into.index: (file_key, p) for file_key, p in parts if p.into is not None}
     count = parts[0][1].into.count if parts[0][1].into is not None else 0
     if len(parts) != count or sorted(blocks) != list(range(count)):
         raise Flux2Error(f"{what}: {key} is missing some of its parts (e.g. q/k/v); the file is incomplete")
-    return torch.cat([_take(tensors[blocks[i][0]], blocks[i][1]) for i in range(count)], dim=0)
+    return torch.cat([_take(read_tensor(tensors, blocks[i][0], dtype), blocks[i][1]) for i in range(count)])
 
 
 def _take(tensor: torch.Tensor, placement: Placement) -> torch.Tensor:

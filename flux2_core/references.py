@@ -110,17 +110,21 @@ def encode_references(
     max_pixels: int = MAX_REFERENCE_PIXELS,
     interrupt: Callable[[], None] | None = None,
     fit: str = "crop",
+    tile_size: int | None = None,
+    tile_overlap: int = 64,
 ) -> ReferenceLatents:
     """Preprocess and encode each reference separately (they may differ in size) and pack them in order.
 
-    ``interrupt`` is called before each image and may raise to stop.
+    ``interrupt`` is called before each image and may raise to stop. ``tile_size`` and ``tile_overlap``
+    are passed to ``AutoEncoder.encode`` (tiled encoding of large references; None: automatic).
     """
+    tiling = {} if tile_size is None else {"tile_size": tile_size, "tile_overlap": tile_overlap}
     latents = []
     for image in images:
         if interrupt is not None:
             interrupt()
         pixels = prepare_reference(image, max_pixels, fit)
-        latents.append(vae.encode(pixels).float().cpu())
+        latents.append(vae.encode(pixels, **tiling).float().cpu())
     return ReferenceLatents.from_latents(latents)
 
 

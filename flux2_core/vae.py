@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from . import vae_tiling
 from .checkpoint import Checkpoint
 from .configs import preset_name
 from .errors import Flux2Error
@@ -61,8 +62,15 @@ class AutoEncoder(nn.Module):
         return self.decoder.conv_in.weight.device
 
     @torch.no_grad()
-    def encode(self, pixels: Tensor) -> Tensor:
-        """[B, 3, H, W] in [-1, 1] -> normalised latent [B, 128, H/16, W/16], always float32."""
+    def encode(
+        self, pixels: Tensor, tile_size: int | None = None, tile_overlap: int = vae_tiling.DEFAULT_OVERLAP
+    ) -> Tensor:
+        """[B, 3, H, W] in [-1, 1] -> normalised latent [B, 128, H/16, W/16], always float32.
+
+        ``tile_size`` (pixels, a multiple of 16, at least 128) encodes in overlapping tiles that share
+        ``tile_overlap`` pixels, for large images in bounded memory; None or 0 tiles only when the image
+        would not fit in the free memory (see ``vae_tiling``).
+        """
         if not self.config.has_encoder:
             raise Flux2Error(
                 "this VAE file has no encoder (decoder weights only), so it cannot encode images: use "
@@ -71,20 +79,29 @@ class AutoEncoder(nn.Module):
         if pixels.ndim != 4 or pixels.shape[1] != self.config.in_channels:
             raise Flux2Error(f"VAE encode expects images [B, 3, H, W], got shape {list(pixels.shape)}")
         _check_image_size(pixels.shape[-2], pixels.shape[-1], self.downscale)
+        return vae_tiling.encode(self, pixels, tile_size, tile_overlap, self._encode_whole)
+
+    def _encode_whole(self, pixels: Tensor) -> Tensor:
         moments = self.encoder(pixels.to(self.device, self.dtype))  # [B, 2*z, H/8, W/8]: mean ‖ logvar
         # BFL, diffusers and ComfyUI all take the posterior mean; nobody samples
         return self.latent_format.to_latent(moments[:, : self.config.z_channels], self.bn)
 
     @torch.no_grad()
-    def decode(self, latent: Tensor) -> Tensor:
-        """Normalised latent [B, 128, h, w] -> pixels [B, 3, 16h, 16w], about [-1, 1], unclamped, float32."""
+    def decode(
+        self, latent: Tensor, tile_size: int | None = None, tile_overlap: int = vae_tiling.DEFAULT_OVERLAP
+    ) -> Tensor:
+        """Normalised latent [B, 128, h, w] -> pixels [B, 3, 16h, 16w], about [-1, 1], unclamped, float32.
+
+        ``tile_size`` (pixels, a multiple of 16, at least 128) decodes in overlapping tiles that share
+        ``tile_overlap`` pixels, blended smoothly, for large images in bounded memory; None or 0 tiles only
+        when the image would not fit in the free memory (see ``vae_tiling``).
+        """
         if latent.ndim != 4 or latent.shape[1] != self.latent_channels:
             raise Flux2Error(
                 f"VAE decode expects a FLUX.2 latent [B, {self.latent_channels}, h, w], got shape "
                 f"{list(latent.shape)}: connect a latent made by FLUX.2 (not an SD/FLUX.1 latent)"
             )
-        z = self.latent_format.from_latent(latent.to(self.device), self.bn)
-        pixels = self.decoder(z.to(self.dtype)).float()
+        pixels = vae_tiling.decode(self, latent, tile_size, tile_overlap, self._decode_whole)
         if not torch.isfinite(pixels).all():
             cause = (
                 "the latent holds NaN/inf"
@@ -95,14 +112,27 @@ class AutoEncoder(nn.Module):
             raise Flux2Error(f"decoding produced NaN or infinite pixels: {cause}")
         return pixels
 
-    def encode_memory(self, height: int, width: int) -> int:
+    def _decode_whole(self, latent: Tensor) -> Tensor:
+        z = self.latent_format.from_latent(latent.to(self.device), self.bn)
+        return self.decoder(z.to(self.dtype)).float()
+
+    def encode_memory(
+        self, height: int, width: int, tile: int | None = None, overlap: int = vae_tiling.DEFAULT_OVERLAP
+    ) -> int:
         """Peak bytes of encoding one ``width x height`` image: as for decoding, about 8 maps of the
-        encoder's full-resolution width."""
+        encoder's full-resolution width; with a positive ``tile``, those of one tile plus the latent."""
+        if tile is not None and 0 < tile < max(height, width):
+            return vae_tiling.tiled_encode_memory(self, height, width, tile, overlap)
         return height * width * self.config.ch * 8 * (torch.finfo(self.dtype).bits // 8)
 
-    def decode_memory(self, height: int, width: int) -> int:
+    def decode_memory(
+        self, height: int, width: int, tile: int | None = None, overlap: int = vae_tiling.DEFAULT_OVERLAP
+    ) -> int:
         """Peak bytes of decoding one ``width x height`` image: the decoder's full-resolution level holds
-        about 6 maps of its width (measured 6.2 for a 2048^2 decode); 8 leaves a margin."""
+        about 6 maps of its width (measured 6.2 for a 2048^2 decode); 8 leaves a margin. With a positive
+        ``tile``, those of one tile plus the float32 image."""
+        if tile is not None and 0 < tile < max(height, width):
+            return vae_tiling.tiled_decode_memory(self, height, width, tile, overlap)
         return height * width * self.config.decoder_ch * 8 * (torch.finfo(self.dtype).bits // 8)
 
 

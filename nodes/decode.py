@@ -8,6 +8,24 @@ from ..flux2_core import FLUX2
 from . import convert, host, types
 from .types import socket
 
+TILE_SIZE_TOOLTIP = (
+    "Decode in square tiles of this many pixels, for large images on small cards (memory then grows with the "
+    "tile, not the image). 0 = automatic: the whole image at once when it fits in free memory, else the "
+    "largest tile that fits. Tiles differ slightly from a whole-image decode; larger tiles are closer."
+)
+TILE_OVERLAP_TOOLTIP = (
+    "Pixels neighbouring tiles share; they are blended smoothly so no seam shows. Must be under half the "
+    "tile size. Only used when tiling."
+)
+
+
+def tile_inputs(size_tooltip: str = TILE_SIZE_TOOLTIP) -> dict:
+    """The optional ``tile_size`` and ``tile_overlap`` inputs of the nodes that run the VAE."""
+    return {
+        "tile_size": socket("INT", size_tooltip, default=0, min=0, max=8192, step=16),
+        "tile_overlap": socket("INT", TILE_OVERLAP_TOOLTIP, default=64, min=0, max=512, step=16),
+    }
+
 
 class Flux2KleinDecode:
     DESCRIPTION = "Decodes FLUX.2 latents (ours or native FLUX.2 ones) to images with the FLUX.2 VAE."
@@ -24,14 +42,20 @@ class Flux2KleinDecode:
                 "vae": socket(types.VAE, "From FLUX.2 [klein] VAE Loader."),
                 "latent": socket(types.LATENT, "FLUX.2 latents, e.g. from FLUX.2 [klein] Sampler."),
             },
+            "optional": tile_inputs(),
         }
 
-    def decode(self, vae: types.KleinVAE, latent: dict):
+    def decode(self, vae: types.KleinVAE, latent: dict, tile_size: int = 0, tile_overlap: int = 64):
         samples = convert.latent_samples(latent)
         height, width = samples.shape[-2] * FLUX2.size_multiple, samples.shape[-1] * FLUX2.size_multiple
-        host.load(vae.patcher, vae.vae.decode_memory(height, width))
+        # Automatic (0) reserves the whole-image estimate: ComfyUI frees what it can, then the VAE tiles only
+        # if that was not enough.
+        host.load(vae.patcher, vae.vae.decode_memory(height, width, tile_size, tile_overlap))
         # One image at a time: decoding at full resolution is the VAE's memory peak.
         device = host.intermediate_device()
-        with host.out_of_memory(f"decoding {width}x{height}", "decode a smaller image or fewer at once"):
-            pixels = torch.cat([vae.vae.decode(item).to(device) for item in samples.split(1)])  # [B, 3, H, W]
+        advice = "decode a smaller image or fewer at once, or set a smaller tile_size (e.g. 512)"
+        with host.out_of_memory(f"decoding {width}x{height}", advice):
+            pixels = torch.cat(  # [B, 3, H, W]
+                [vae.vae.decode(item, tile_size, tile_overlap).to(device) for item in samples.split(1)]
+            )
         return (convert.pixels_to_image(pixels),)

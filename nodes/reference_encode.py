@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..flux2_core import FIT_MODES, MAX_REFERENCE_PIXELS, encode_references
+from ..flux2_core import FIT_MODES, MAX_REFERENCE_PIXELS, encode_references, processed_size
 from . import convert, host, types
+from .decode import tile_inputs
 from .types import socket
 
 MEGAPIXEL = 1024 * 1024  # BFL's and diffusers' "1 MP" is 1024 x 1024
@@ -19,6 +20,12 @@ RESIZE_TOOLTIP = (
     "How the image is brought to multiples of 16: crop (centre crop of at most 15 px, the BFL and "
     "diffusers default) or resize (scaled to the nearest multiples of 16: nothing cut off, the aspect "
     "changes slightly)."
+)
+
+TILE_SIZE_TOOLTIP = (
+    "Encode in square tiles of this many pixels, for large references on small cards (memory then grows "
+    "with the tile, not the image). 0 = automatic: the whole image at once when it fits in free memory, else "
+    "the largest tile that fits. Tiles differ slightly from a whole-image encode; larger tiles are closer."
 )
 
 
@@ -55,14 +62,38 @@ class Flux2KleinReferenceEncode:
                     step=0.1,
                 ),
                 "resize": socket(list(FIT_MODES), RESIZE_TOOLTIP, default="crop"),
+                **tile_inputs(TILE_SIZE_TOOLTIP),
             },
         }
 
     def encode(
-        self, vae: types.KleinVAE, image, references=None, max_megapixels: float = 1.0, resize: str = "crop"
+        self,
+        vae: types.KleinVAE,
+        image,
+        references=None,
+        max_megapixels: float = 1.0,
+        resize: str = "crop",
+        tile_size: int = 0,
+        tile_overlap: int = 64,
     ):
-        host.load(vae.patcher)
         images = convert.image_to_list(image)
         pixels = int(max_megapixels * MEGAPIXEL)
-        encoded = encode_references(vae.vae, images, pixels, host.check_interrupt, fit=resize)
+        host.load(vae.patcher, _encode_memory(vae.vae, images, pixels, resize, tile_size, tile_overlap))
+        encoded = encode_references(
+            vae.vae,
+            images,
+            pixels,
+            host.check_interrupt,
+            fit=resize,
+            tile_size=tile_size,
+            tile_overlap=tile_overlap,
+        )
         return (encoded if references is None else references + encoded,)
+
+
+def _encode_memory(vae, images: list, max_pixels: int, resize: str, tile_size: int, overlap: int) -> int:
+    """What encoding the largest of ``images`` needs, at the size preprocessing gives it ("resize" may round
+    a side up by up to 16 px)."""
+    pad = 16 if resize == "resize" else 0
+    sizes = [processed_size(img.shape[1], img.shape[0], max_pixels) for img in images]
+    return max((vae.encode_memory(h + pad, w + pad, tile_size, overlap) for w, h in sizes), default=0)

@@ -1,0 +1,606 @@
+"""Our FLUX.2 [klein] code against diffusers and native ComfyUI on the same random weights, in one process.
+
+    python benchmarks/suite.py --json results/cpu_medium.json --svg results/cpu_medium.svg
+    COMFYUI_PATH=/opt/comfyui/ComfyUI /opt/comfyui/venv/bin/python benchmarks/suite.py ...   # adds native
+    python benchmarks/suite.py --gpu-real        # klein 4B and 9B shapes, bf16, 1024², on a CUDA device
+
+What it measures, each implementation called in turn round by round (ours, diffusers, native, ours, ...)
+after one warm-up call each, reporting median and minimum per case and the ratio other / ours (> 1: ours
+faster):
+- DiT time per step: text-to-image at each ``--sizes`` (tokens = (size/16)² + 512 text), edit with 1, 2
+  and 4 references of ``--ref-size``², and the KV model's cached step (references' K/V computed once; ours
+  and diffusers' KV transformer path; native ComfyUI has no K/V cache) next to its first (extract) step;
+  the peak RSS above the process's RSS before the call (CPU) or the peak VRAM above the allocated memory
+  before it (GPU), the achieved GFLOP/s (linear and attention FLOPs counted from the shape) and its share of
+  the machine's matmul peak (a large ``torch.matmul`` timed per dtype);
+- text encoding of a 512-token prompt: our ``TextEncoder`` (27 layers) against transformers' Qwen3 called
+  the way diffusers' klein pipeline calls it (all 28 layers), on one random Qwen3;
+- VAE encode and decode at ``--vae-size``²: ours, diffusers' ``AutoencoderKLFlux2`` and native's ``VAE``;
+- end to end, a 4-step text-to-image run (prompt -> pixels): ours against diffusers' ``Flux2KleinPipeline``;
+- load time and load peak RSS (VmHWM) of each DiT from a file, each in a fresh subprocess.
+Every output is compared with ours (max abs difference) so a mismatched call would show. Without
+``COMFYUI_PATH`` native ComfyUI is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import suite_models as sm
+import torch
+from klein_shapes import ROOT
+from suite_plot import line_plot
+
+from flux2_core.configs import Flux2Config
+
+IMPLS = ("ours", "diffusers", "native")
+PROMPT = "a red fox in the snow, watercolour, soft morning light, wide shot"
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def proc_status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs), so each call's peak is its own."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class Timer:
+    """One call of ``fn``: seconds, and the peak memory above what was in use before it."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self, fn):
+        sync(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        reset_peak_rss()
+        rss = proc_status("VmRSS")
+        start = time.perf_counter()
+        out = fn()
+        sync(self.device)
+        seconds = time.perf_counter() - start
+        mem = {"peak_rss_above": proc_status("VmHWM") - rss}
+        if self.device.type == "cuda":
+            mem["peak_vram_above"] = torch.cuda.max_memory_allocated() - base
+        return seconds, mem, out
+
+
+def alternate(calls: dict, rounds: int, timer: Timer, reference: str = "ours") -> dict:
+    """``calls``: impl -> zero-arg callable. One warm-up each, then ``rounds`` rounds in turn."""
+    result = {name: {"times_s": [], "peak_rss_above": 0, "peak_vram_above": 0} for name in calls}
+    outputs = {}
+    with torch.inference_mode():
+        for name, fn in calls.items():
+            _, _, out = timer(fn)
+            outputs[name] = out
+        for _ in range(rounds):
+            for name, fn in calls.items():
+                seconds, mem, _ = timer(fn)
+                r = result[name]
+                r["times_s"].append(seconds)
+                for key, value in mem.items():
+                    r[key] = max(r[key], value)
+    for name, r in result.items():
+        r["median_s"], r["min_s"] = statistics.median(r["times_s"]), min(r["times_s"])
+        if reference in outputs and name != reference and torch.is_tensor(outputs[name]):
+            a, b = outputs[name].float(), outputs[reference].float()
+            r["max_abs_diff_vs_ours"] = (a - b).abs().max().item() if a.shape == b.shape else f"{a.shape}"
+    if reference in result:
+        for name, r in result.items():
+            if name != reference:
+                r["ratio_median"] = r["median_s"] / result[reference]["median_s"]
+                r["ratio_min"] = r["min_s"] / result[reference]["min_s"]
+    return result
+
+
+def matmul_peak(device: torch.device, dtypes: list[str], quick: bool) -> dict:
+    """GFLOP/s of the best of a few large square ``torch.matmul`` calls, per dtype."""
+    out = {}
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        n = 8192 if device.type == "cuda" else (2048 if name == "float32" else 1024)
+        n = n // 2 if quick else n
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        torch.matmul(a, b)
+        best = float("inf")
+        for _ in range(5 if device.type == "cuda" else 3):
+            sync(device)
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            sync(device)
+            best = min(best, time.perf_counter() - start)
+            if device.type == "cpu" and best > 5:
+                break
+        out[name] = {"n": n, "gflops": 2 * n**3 / best / 1e9}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the shapes
+
+
+def medium_config(args) -> Flux2Config:
+    return Flux2Config(
+        hidden_size=args.heads * 128,
+        num_heads=args.heads,
+        depth=args.depth,
+        depth_single_blocks=args.single,
+        context_in_dim=3 * args.text_width,
+    )
+
+
+def cases(args) -> list[sm.Case]:
+    out = [sm.Case(f"t2i {s}²", s, ref_size=args.ref_size) for s in args.sizes]
+    edit = args.edit_size
+    out += [sm.Case(f"edit {edit}² + {n} ref", edit, n, args.ref_size) for n in args.refs]
+    out += [sm.Case(f"KV cached {edit}² + {n} ref", edit, n, args.ref_size, kv=True) for n in args.refs]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- sections
+
+
+def bench_dit(args, config, impls: dict, device, dtype, timer, peak: float) -> dict:
+    results = {}
+    for case in cases(args):
+        inp = sm.make_inputs(case, config.context_in_dim, device, dtype)
+        with torch.inference_mode():
+            calls = {n: i.step(case, inp) for n, i in impls.items() if i.has_kv or not case.kv}
+        print(f"  {case.name}: {case.query_tokens} query tokens, {case.attended_tokens} attended", flush=True)
+        r = alternate(calls, args.rounds, timer)
+        flops = sm.dit_flops(config, case)
+        for res in r.values():
+            res["gflops"] = flops / res["median_s"] / 1e9
+            res["pct_of_matmul_peak"] = 100 * res["gflops"] / peak if peak else None
+        results[case.name] = {"case": vars(case), "flops": flops, "impls": r}
+        if case.kv:  # the first step of the KV model: references' K/V computed, then the step
+            with torch.inference_mode():
+                calls = {n: i.extract(case, inp) for n, i in impls.items() if i.has_kv}
+            r = alternate(calls, max(1, args.rounds // 2), timer)
+            results[case.name.replace("cached", "extract")] = {"case": vars(case), "impls": r}
+        if hasattr(impls.get("diffusers"), "kv_mode"):
+            impls["diffusers"].kv_mode(False)
+        summary = "  ".join(
+            f"{n} {v['median_s'] * 1000:.0f} ms" for n, v in results[case.name]["impls"].items()
+        )
+        print(f"    {summary}", flush=True)
+    return results
+
+
+def bench_text(args, width, device, dtype, timer) -> tuple[dict, object, object]:
+    from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
+    from tiny_text import model_tensors, reference_hf_tokenizer
+
+    from flux2_core.text_encoder import text_encoder_from_state_dict
+
+    hf = sm.build_text_model(width, device, dtype)
+    ours = text_encoder_from_state_dict(model_tensors(hf), dtype=dtype, device=device)
+    tokenizer = reference_hf_tokenizer()
+
+    def theirs():
+        return Flux2KleinPipeline._get_qwen3_prompt_embeds(
+            text_encoder=hf,
+            tokenizer=tokenizer,
+            prompt=[PROMPT],
+            dtype=dtype,
+            device=device,
+            max_sequence_length=512,
+            hidden_states_layers=(9, 18, 27),
+        )
+
+    calls = {"ours": lambda: ours.encode([PROMPT]), "diffusers": theirs}
+    return alternate(calls, args.rounds, timer), ours, (hf, tokenizer)
+
+
+def bench_vae(args, vae_sd, vae_config, device, timer, with_native: bool) -> dict:
+    impls = sm.vae_impls(vae_sd, vae_config, device, with_native)
+    g = torch.Generator().manual_seed(3)
+    size = args.vae_size
+    pixels = (torch.rand(1, 3, size, size, generator=g) * 2 - 1).to(device)
+    latent = torch.randn(1, 128, size // 16, size // 16, generator=g).to(device)
+    enc = alternate({n: (lambda e=e: e(pixels)) for n, (e, _) in impls.items()}, args.rounds, timer)
+    dec = alternate({n: (lambda d=d: d(latent)) for n, (_, d) in impls.items()}, args.rounds, timer)
+    for r in (enc, dec):  # the three hand back different layouts (normalised / raw, NCHW / NHWC)
+        for v in r.values():
+            v.pop("max_abs_diff_vs_ours", None)
+    return {f"VAE encode {size}²": {"impls": enc}, f"VAE decode {size}²": {"impls": dec}}
+
+
+def bench_e2e(args, dit_model, diffusers_dit, text, hf_text, vae_sd, vae_config, device, timer) -> dict:
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+    from tiny_vae import make_diffusers_vae
+
+    from flux2_core.sampling import SampleSettings, sample
+    from flux2_core.vae import vae_from_state_dict
+
+    size, steps = args.e2e_size, args.steps
+    vae = vae_from_state_dict(vae_sd).to(device)
+    diffusers_vae = make_diffusers_vae(vae_sd, vae_config).to(device)
+    if hasattr(diffusers_dit, "kv_mode"):
+        diffusers_dit.kv_mode(False)
+    pipe = Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential"),
+        vae=diffusers_vae,
+        text_encoder=hf_text[0],
+        tokenizer=hf_text[1],
+        transformer=diffusers_dit.model,
+        is_distilled=True,
+    )
+    pipe.set_progress_bar_config(disable=True)
+
+    def ours():
+        latents = sample(dit_model, text.encode([PROMPT]), SampleSettings(size, size, steps, 1.0, 0))
+        return vae.decode(latents).clamp(-1, 1).add(1).div(2)
+
+    def theirs():
+        return pipe(
+            prompt=PROMPT,
+            height=size,
+            width=size,
+            num_inference_steps=steps,
+            guidance_scale=1.0,
+            generator=torch.Generator("cpu").manual_seed(0),
+            output_type="pt",
+            return_dict=False,
+        )[0]
+
+    r = alternate({"ours": ours, "diffusers": theirs}, max(1, args.rounds - 1), timer)
+    return {f"end to end {size}², {steps} steps": {"impls": r}}
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_probe(args) -> None:
+    """In a fresh process: load one implementation's DiT from ``--probe-file`` and report time and VmHWM."""
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.probe == "native":
+        sm.comfy_import(device.type == "cuda", False)
+    base_rss, base_hwm = proc_status("VmRSS"), proc_status("VmHWM")
+    start = time.perf_counter()
+    if args.probe == "ours":
+        from flux2_core import load_transformer
+
+        model = load_transformer(args.probe_file, variant="distilled", dtype=dtype, device=device)
+    elif args.probe == "diffusers":
+        from diffusers import Flux2Transformer2DModel
+
+        model = Flux2Transformer2DModel.from_pretrained(args.probe_file, torch_dtype=dtype).to(device)
+    else:
+        import comfy.model_management as mm
+        import comfy.sd
+
+        model = comfy.sd.load_diffusion_model(args.probe_file, model_options={"dtype": dtype})
+        if device.type == "cuda":
+            mm.load_models_gpu([model], force_full_load=True)
+    sync(device)
+    seconds = time.perf_counter() - start
+    out = {
+        "load_s": seconds,
+        "rss_before": base_rss,
+        "hwm_before": base_hwm,
+        "load_peak_rss": proc_status("VmHWM"),
+        "rss_after": proc_status("VmRSS"),
+    }
+    out["load_peak_rss_above"] = out["load_peak_rss"] - base_rss
+    if device.type == "cuda":
+        out["vram_after"] = torch.cuda.memory_allocated()
+    del model
+    print("RESULT " + json.dumps(out))
+
+
+def bench_load(args, diffusers_model, bfl: dict, names: list[str], folder: Path) -> dict:
+    from safetensors.torch import save_file
+
+    dit_file = folder / "flux-2-klein-bench.safetensors"
+    save_file({k: v.detach().cpu().contiguous() for k, v in bfl.items()}, str(dit_file))
+    diffusers_model.save_pretrained(folder / "transformer", safe_serialization=True)
+    files = {"ours": dit_file, "native": dit_file, "diffusers": folder / "transformer"}
+    out = {}
+    for name in names:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--probe",
+            name,
+            "--probe-file",
+            str(files[name]),
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
+        ]
+        run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=os.environ)
+        line = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
+        out[name] = json.loads(line[0][7:]) if line else {"error": run.stderr[-1500:]}
+        print(f"  load {name}: {out[name].get('load_s', float('nan')):.2f} s", flush=True)
+    out["file_bytes"] = dit_file.stat().st_size
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def machine(device: torch.device) -> dict:
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    info = {
+        "nproc": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    for pkg in ("diffusers", "transformers"):
+        info[pkg] = __import__(pkg).__version__
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    if os.environ.get("COMFYUI_PATH"):
+        info["comfyui_path"] = os.environ["COMFYUI_PATH"]
+        try:
+            info["comfyui"] = subprocess.run(
+                ["git", "-C", os.environ["COMFYUI_PATH"], "describe", "--tags", "--always"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        except OSError:
+            pass
+    return info
+
+
+def table(sections: dict) -> list[str]:
+    """Markdown rows: per case and implementation the median and min, and the ratios to ours."""
+    names = [n for n in IMPLS if any(n in s.get("impls", {}) for s in sections.values())]
+    head = "| case | " + " | ".join(f"{n} median / min" for n in names) + " | "
+    head += " | ".join(f"{n}/ours median (min)" for n in names if n != "ours") + " | ours GFLOP/s (% peak) |"
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for case, s in sections.items():
+        impls = s.get("impls", {})
+        cells = [
+            f"{impls[n]['median_s'] * 1000:.0f} / {impls[n]['min_s'] * 1000:.0f} ms" if n in impls else "-"
+            for n in names
+        ]
+        ratios = [
+            f"{impls[n]['ratio_median']:.2f} ({impls[n]['ratio_min']:.2f})"
+            if "ratio_median" in impls.get(n, {})
+            else "-"
+            for n in names
+            if n != "ours"
+        ]
+        ours = impls.get("ours", {})
+        flops = (
+            f"{ours['gflops']:.0f} ({ours['pct_of_matmul_peak']:.0f}%)"
+            if ours.get("pct_of_matmul_peak")
+            else "-"
+        )
+        rows.append(f"| {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {flops} |")
+    return rows
+
+
+def plot(dit: dict, title: str) -> str:
+    series: dict[str, list] = {}
+    for name, s in dit.items():
+        case = s["case"]
+        if "extract" in name:
+            continue
+        for impl, r in s["impls"].items():
+            key = impl + (" KV cached" if case["kv"] else "")
+            tokens = (
+                case["text_tokens"] + (case["size"] // 16) ** 2 + case["refs"] * (case["ref_size"] // 16) ** 2
+            )
+            series.setdefault(key, []).append((tokens, r["median_s"] * 1000, name))
+    return line_plot(
+        series, title, "tokens attended per step (text + image + references)", "ms per DiT step (median)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--dtype", default=None, choices=["float32", "bfloat16"], help="float32 on CPU, bf16 on GPU"
+    )
+    p.add_argument(
+        "--gpu-real", action="store_true", help="the real klein 4B and 9B shapes at 1024², on CUDA"
+    )
+    p.add_argument("--shapes", nargs="+", default=["klein-4b", "klein-9b"], help="with --gpu-real")
+    p.add_argument("--heads", type=int, default=8, help="medium shape: hidden = heads x 128")
+    p.add_argument("--depth", type=int, default=2, help="medium shape: double blocks")
+    p.add_argument("--single", type=int, default=8, help="medium shape: single blocks")
+    p.add_argument("--text-width", type=int, default=256, help="Qwen3 width (DiT text input = 3x)")
+    p.add_argument("--sizes", type=int, nargs="+", default=None, help="text-to-image sides (256 512)")
+    p.add_argument("--edit-size", type=int, default=None, help="output side of the edit cases (512)")
+    p.add_argument("--ref-size", type=int, default=None, help="reference side (512)")
+    p.add_argument("--refs", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--vae-size", type=int, default=None, help="VAE image side (512)")
+    p.add_argument("--vae", choices=["medium", "full"], default=None, help="VAE widths: medium (CPU) or full")
+    p.add_argument("--e2e-size", type=int, default=None, help="end-to-end image side (256)")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up per implementation")
+    p.add_argument(
+        "--native-sdpa", action="store_true", help="native ComfyUI with --use-pytorch-cross-attention"
+    )
+    p.add_argument("--skip", nargs="*", default=[], choices=["dit", "text", "vae", "e2e", "load"])
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--svg", type=Path, default=None)
+    p.add_argument("--probe", choices=IMPLS, help=argparse.SUPPRESS)
+    p.add_argument("--probe-file", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    gpu = args.gpu_real or args.device.startswith("cuda")
+    if args.gpu_real and not torch.cuda.is_available():
+        p.error("--gpu-real needs a CUDA device")
+    defaults = dict(
+        dtype="bfloat16" if gpu else "float32",
+        sizes=[512, 1024] if args.gpu_real else [256, 512],
+        edit_size=1024 if args.gpu_real else 512,
+        ref_size=1024 if args.gpu_real else 512,
+        vae_size=1024 if args.gpu_real else 512,
+        vae="full" if args.gpu_real else "medium",
+        e2e_size=1024 if args.gpu_real else 256,
+    )
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def run_shape(args, label: str, config: Flux2Config, device, dtype, peak: float, with_native: bool) -> dict:
+    from tiny_dit import bfl_state_dict
+    from tiny_vae import TINY_VAE, random_vae_state_dict
+
+    from flux2_core.vae import FLUX2_VAE
+
+    timer = Timer(device)
+    print(
+        f"{label}: {config.hidden_size} wide, {config.depth}+{config.depth_single_blocks} blocks, "
+        f"text {config.context_in_dim}, {args.dtype} on {device}",
+        flush=True,
+    )
+    start = time.perf_counter()
+    theirs = sm.build_diffusers_dit(config, device, dtype)
+    bfl = bfl_state_dict(theirs)
+    impls = {"ours": sm.Ours(bfl, device, dtype), "diffusers": sm.Diffusers(theirs)}
+    if with_native:
+        impls["native"] = sm.Native(bfl, device, dtype)
+    params = sum(p.numel() for p in theirs.parameters())
+    print(f"  built {params / 1e6:.0f} M parameters in {time.perf_counter() - start:.1f} s", flush=True)
+    out = {"config": vars(config) | {"axes_dim": list(config.axes_dim)}, "parameters": params}
+    if "load" not in args.skip:
+        with tempfile.TemporaryDirectory() as tmp:
+            out["load"] = bench_load(args, theirs, bfl, list(impls), Path(tmp))
+    del bfl
+    if "dit" not in args.skip:
+        out["dit"] = bench_dit(args, config, impls, device, dtype, timer, peak)
+    text = hf_text = None
+    if "text" not in args.skip or "e2e" not in args.skip:
+        width = config.context_in_dim // 3
+        print(f"  text encoder: Qwen3 {width} wide, 28 layers", flush=True)
+        r, text, hf_text = bench_text(args, width, device, dtype, timer)
+        if "text" not in args.skip:
+            out["text"] = {"text encode 512 tokens": {"impls": r}}
+    vae_config = (
+        FLUX2_VAE
+        if args.vae == "full"
+        else TINY_VAE.__class__(
+            ch=64, ch_mult=(1, 2, 4, 4), num_res_blocks=2, decoder_ch=64, decoder_ch_mult=(1, 2, 4, 4)
+        )
+    )
+    vae_sd = random_vae_state_dict(vae_config, seed=4)
+    if "vae" not in args.skip:
+        print(f"  VAE {args.vae} at {args.vae_size}²", flush=True)
+        try:
+            out["vae"] = bench_vae(args, vae_sd, vae_config, device, timer, with_native)
+        except Exception as exc:  # native's VAE wrapper: report, keep ours vs diffusers
+            print(
+                f"  native VAE failed ({type(exc).__name__}: {str(exc)[:160]}); ours vs diffusers only",
+                flush=True,
+            )
+            out["vae"] = bench_vae(args, vae_sd, vae_config, device, timer, False)
+    if "e2e" not in args.skip:
+        print(f"  end to end {args.e2e_size}², {args.steps} steps", flush=True)
+        out["e2e"] = bench_e2e(
+            args, impls["ours"].model, impls["diffusers"], text, hf_text, vae_sd, vae_config, device, timer
+        )
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    if args.probe:
+        load_probe(args)
+        return
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    with_native = sm.comfy_import(device.type == "cuda", args.native_sdpa)
+    if not with_native:
+        print("note: COMFYUI_PATH is not set, so native ComfyUI is skipped (set it to a ComfyUI checkout)")
+    peak = matmul_peak(device, ["float32", "bfloat16"], quick=False)
+    print("matmul peak: " + ", ".join(f"{k} {v['gflops']:.0f} GFLOP/s" for k, v in peak.items()), flush=True)
+    report = {
+        "machine": machine(device),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "matmul_peak": peak,
+        "native": with_native,
+        "native_attention": "sdpa" if args.native_sdpa else "default",
+    }
+    shapes = {s: sm.REAL_SHAPES[s] for s in args.shapes} if args.gpu_real else {"medium": medium_config(args)}
+    report["shapes"] = {}
+    start = time.perf_counter()
+    for label, config in shapes.items():
+        report["shapes"][label] = run_shape(
+            args, label, config, device, dtype, peak[args.dtype]["gflops"], with_native
+        )
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    report["total_s"] = time.perf_counter() - start
+    for label, shape in report["shapes"].items():
+        sections = {
+            **shape.get("dit", {}),
+            **shape.get("text", {}),
+            **shape.get("vae", {}),
+            **shape.get("e2e", {}),
+        }
+        print(f"\n{label} ({args.dtype}, {device}), ratio = other / ours (> 1: ours faster)")
+        print("\n".join(table(sections)))
+        if "load" in shape:
+            for name in IMPLS:
+                if name in shape["load"] and "load_s" in shape["load"][name]:
+                    lr = shape["load"][name]
+                    print(
+                        f"load {name}: {lr['load_s']:.2f} s, peak RSS {lr['load_peak_rss'] / 2**20:.0f} MB "
+                        f"({lr['load_peak_rss_above'] / 2**20:.0f} MB above the start)"
+                    )
+    print(f"total {report['total_s']:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+    if args.svg:
+        args.svg.parent.mkdir(parents=True, exist_ok=True)
+        label = next(iter(report["shapes"]))
+        title = f"FLUX.2 DiT step, {label} shape, {args.dtype} on {device}" + (
+            f" ({report['machine']['cpu']}, {report['machine']['affinity']} cores)"
+            if device.type == "cpu"
+            else ""
+        )
+        args.svg.write_text(plot(report["shapes"][label].get("dit", {}), title))
+
+
+if __name__ == "__main__":
+    main()

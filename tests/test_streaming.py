@@ -1,0 +1,265 @@
+"""Block streaming: a DiT whose block weights live off the module computes exactly what the resident one does.
+
+Streaming between two CPU tensors stands in for a GPU here (the same copies, hooks and sources run; only the
+side stream is missing); the CUDA side-stream path is checked when a GPU is present.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from quant_files import write_quantised
+from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
+
+from flux2_core import ReferenceLatents, SampleSettings, load_transformer, sample
+from flux2_core.lora import DIT, Lora
+from flux2_core.ops import PLAIN, LowRankPatch, linears
+from flux2_core.quant import QuantWeight
+from flux2_core.rope import image_ids, reference_ids, text_ids
+from flux2_core.streaming import StreamedWeight, disable_streaming, enable_streaming, streamer_of
+
+B, H, W, T = 2, 3, 4, 7
+BLOCK_BYTES = {"double": 26624 * 4, "single": 13312 * 4}  # the tiny DiT's block linears, float32
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("streaming")
+    dit = make_diffusers_dit(seed=3)
+    sd = bfl_state_dict(dit)
+    write_quantised(sd, root / "fp8.safetensors", "float8_e4m3fn")
+    write_quantised(sd, root / "int8.safetensors", "int8_tensorwise")
+    return {
+        "plain": write_bfl_file(dit, root / "flux-2-klein-4b.safetensors"),
+        "kv": write_bfl_file(dit, root / "flux-2-klein-9b-kv.safetensors"),
+        "fp8": root / "fp8.safetensors",
+        "int8": root / "int8.safetensors",
+    }
+
+
+@pytest.fixture
+def inputs():
+    g = torch.Generator().manual_seed(11)
+    return dict(
+        x=torch.randn(B, H * W, 128, generator=g),
+        ctx=torch.randn(B, T, 24, generator=g),
+        ref=torch.randn(1, 2 * 3, 128, generator=g),
+        t=torch.tensor([0.6, 0.6]),
+    )
+
+
+def forward(net, inputs):
+    with torch.inference_mode():
+        return net(inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"], text_ids(T))
+
+
+def kv_path(net, inputs):
+    with torch.inference_mode():
+        cache = net.encode_reference_kv(inputs["ref"], reference_ids([(2, 3)]))
+        return net.forward_kv_cached(
+            inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"], text_ids(T), cache
+        )
+
+
+def module_bytes(net) -> int:
+    return sum(t.nbytes for t in net.parameters()) + sum(t.nbytes for t in net.buffers())
+
+
+def fixed_bytes(net) -> int:
+    """What stays whatever the budget (of a model not streamed yet): everything but the blocks' linears."""
+    block_linears = [m for block in net.blocks() for _, m in linears(block)]
+    return module_bytes(net) - sum(module_bytes(m) for m in block_linears)
+
+
+@pytest.mark.parametrize(
+    "budget, resident",
+    [(0, ()), ("double", (0,)), ("double+single", (0, 2)), ("all", (0, 1, 2, 3))],
+)
+def test_streamed_forward_and_kv_path_are_bit_identical(files, inputs, budget, resident):
+    net = load_transformer(files["plain"]).transformer
+    expected, expected_kv = forward(net, inputs), kv_path(net, inputs)
+    total = module_bytes(net)
+    assert total - fixed_bytes(net) == 2 * BLOCK_BYTES["double"] + 2 * BLOCK_BYTES["single"]
+    extra = {0: None, "double": BLOCK_BYTES["double"], "all": 10**9}
+    extra["double+single"] = BLOCK_BYTES["double"] + BLOCK_BYTES["single"]
+    resident_bytes = 0 if budget == 0 else fixed_bytes(net) + extra[budget]
+    streamer = enable_streaming(net, "cpu", resident_bytes=resident_bytes)
+    assert streamer.resident_blocks == resident
+    assert streamer.streamed_blocks == tuple(i for i in range(4) if i not in resident)
+    assert streamer.resident_bytes + streamer.streamed_bytes == total
+    assert module_bytes(net) == streamer.resident_bytes  # what module.to() moves and the patcher counts
+    assert sum(t.nbytes for t in net.state_dict().values()) == streamer.resident_bytes
+    kinds = ["double", "double", "single", "single"]  # blocks in run order
+    largest = max((BLOCK_BYTES[kinds[i]] for i in streamer.streamed_blocks), default=0)
+    assert streamer.working_bytes == 3 * largest  # the most the copies take on the device
+    for _ in range(2):
+        assert torch.equal(forward(net, inputs), expected)
+        assert torch.equal(kv_path(net, inputs), expected_kv)
+        assert streamer.device_bytes == 0  # each block's copy dropped once the block ran
+
+
+def test_every_block_streamed_keeps_only_the_small_parts(files):
+    net = load_transformer(files["plain"]).transformer
+    fixed = fixed_bytes(net)
+    streamer = enable_streaming(net, "cpu")
+    assert streamer.resident_bytes == fixed and streamer.resident_blocks == ()
+    keys = net.state_dict().keys()
+    assert "double_blocks.0.img_attn.qkv.weight" not in keys and "single_blocks.1.linear2.weight" not in keys
+    assert "double_blocks.0.img_attn.norm.query_norm.scale" in keys  # norms stay ordinary parameters
+    assert "img_in.weight" in keys and "final_layer.linear.weight" in keys
+    layer = net.single_blocks[0].linear1
+    assert layer.weight is None and isinstance(layer.source, StreamedWeight) and layer.source.inner is PLAIN
+    assert streamer_of(net) is streamer
+
+
+def test_disable_restores_the_exact_model(files, inputs):
+    net = load_transformer(files["plain"]).transformer
+    params = dict(net.named_parameters())
+    values = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    sources = {name: m.source for name, m in net.named_modules() if hasattr(m, "source")}
+    expected = forward(net, inputs)
+    enable_streaming(net, "cpu")
+    disable_streaming(net)
+    assert streamer_of(net) is None
+    assert dict(net.named_parameters()).keys() == params.keys()
+    assert all(p is params[k] for k, p in net.named_parameters())  # the same Parameter objects
+    state = net.state_dict()
+    assert state.keys() == values.keys()
+    assert all(torch.equal(state[k], v) and state[k].dtype == v.dtype for k, v in values.items())
+    assert all(m.source is sources[name] for name, m in net.named_modules() if hasattr(m, "source"))
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in net.modules())
+    assert torch.equal(forward(net, inputs), expected)
+    disable_streaming(net)  # twice: nothing to do
+
+
+def test_enabling_again_replaces_the_budget(files, inputs):
+    net = load_transformer(files["plain"]).transformer
+    expected = forward(net, inputs)
+    enable_streaming(net, "cpu")
+    streamer = enable_streaming(net, "cpu", resident_bytes=fixed_bytes(net) + BLOCK_BYTES["double"])
+    assert streamer.resident_blocks == (0,) and streamer_of(net) is streamer
+    assert torch.equal(forward(net, inputs), expected)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_quantised_base_streams_bit_identically(files, inputs, fmt):
+    net = load_transformer(files[fmt]).transformer
+    expected, expected_kv = forward(net, inputs), kv_path(net, inputs)
+    quantised = net.double_blocks[1].img_attn.qkv
+    assert isinstance(quantised.source, QuantWeight) and "weight_scale" in quantised._buffers
+    before = module_bytes(net)
+    streamer = enable_streaming(net, "cpu", resident_bytes=fixed_bytes(net) + 1)
+    assert streamer.resident_blocks == () and before - module_bytes(net) == streamer.streamed_bytes
+    assert isinstance(quantised.source.inner, QuantWeight)
+    assert quantised.weight is None and quantised._buffers["weight_scale"] is None
+    assert "double_blocks.1.img_attn.qkv.weight_scale" not in net.state_dict()
+    assert torch.equal(forward(net, inputs), expected)
+    assert torch.equal(kv_path(net, inputs), expected_kv)
+    disable_streaming(net)
+    assert quantised.weight.dtype == (torch.float8_e4m3fn if fmt == "fp8" else torch.int8)
+    assert torch.equal(forward(net, inputs), expected)
+
+
+def _patch(layer, seed: int = 0) -> LowRankPatch:
+    g = torch.Generator().manual_seed(seed)
+    up, down = torch.randn(layer.out_features, 2, generator=g), torch.randn(2, layer.in_features, generator=g)
+    return LowRankPatch(up, down, strength=0.5)
+
+
+@pytest.mark.parametrize("fmt", ["plain", "int8"])
+def test_lora_patches_apply_to_streamed_layers(files, inputs, fmt):
+    net = load_transformer(files[fmt]).transformer
+    targets = [net.double_blocks[0].img_attn.qkv, net.single_blocks[1].linear1]
+    plain = forward(net, inputs)
+    for i, layer in enumerate(targets):
+        layer.add_patch("test", _patch(layer, i))
+    expected = forward(net, inputs)
+    assert not torch.equal(expected, plain)
+    enable_streaming(net, "cpu")
+    assert torch.equal(forward(net, inputs), expected)
+    for layer in targets:
+        layer.remove_patch("test")
+    assert torch.equal(forward(net, inputs), plain)
+
+
+def test_sampling_with_streaming_matches_resident(files):
+    model = load_transformer(files["plain"])
+    g = torch.Generator().manual_seed(2)
+    positive = torch.randn(1, T, 24, generator=g)
+    settings = SampleSettings(80, 64, 3, 1.0, seed=5)
+    name = "double_blocks.1.txt_mlp.0"
+    layer = model.transformer.get_submodule(name)
+    lora = Lora("test", 1.0, {DIT: {name: [_patch(layer, 7)]}}, report=None)
+    expected = sample(model, positive, settings)
+    expected_lora = sample(model.with_lora(lora), positive, settings)
+    assert not torch.equal(expected, expected_lora)
+    enable_streaming(model.transformer, "cpu", resident_bytes=fixed_bytes(model.transformer) + 1)
+    assert torch.equal(sample(model, positive, settings), expected)
+    assert torch.equal(sample(model.with_lora(lora), positive, settings), expected_lora)
+    assert not layer.patches  # the LoRA came off again
+
+
+def test_kv_model_sampling_with_references_streams(files):
+    model = load_transformer(files["kv"])
+    assert model.variant.kv_cache
+    g = torch.Generator().manual_seed(4)
+    positive = torch.randn(1, T, 24, generator=g)
+    refs = ReferenceLatents.from_latents([torch.randn(1, 128, 2, 3, generator=g)])
+    settings = SampleSettings(64, 64, 2, 1.0, seed=1)
+    expected = sample(model, positive, settings, references=refs)
+    enable_streaming(model.transformer, "cpu")
+    assert torch.equal(sample(model, positive, settings, references=refs), expected)
+
+
+def test_interrupted_block_leaves_nothing_behind(files, inputs):
+    net = load_transformer(files["plain"]).transformer
+    expected = forward(net, inputs)
+    streamer = enable_streaming(net, "cpu")
+
+    class Stop(Exception):
+        pass
+
+    def stop(module, args):
+        raise Stop
+
+    handle = net.double_blocks[1].register_forward_pre_hook(stop)  # after the streamer's own hook
+    with pytest.raises(Stop):
+        forward(net, inputs)
+    handle.remove()
+    assert streamer.device_bytes > 0  # block 1's copy and block 2's prefetch
+    streamer.release()
+    assert streamer.device_bytes == 0
+    with pytest.raises(Stop):  # again, without releasing: the next run drops what was left
+        handle = net.double_blocks[1].register_forward_pre_hook(stop)
+        forward(net, inputs)
+    handle.remove()
+    assert torch.equal(forward(net, inputs), expected) and streamer.device_bytes == 0
+
+
+def test_a_streamed_layer_called_on_its_own(files):
+    net = load_transformer(files["plain"]).transformer
+    layer = net.single_blocks[0].linear2
+    x = torch.randn(3, layer.in_features)
+    with torch.inference_mode():
+        expected = layer(x)
+        streamer = enable_streaming(net, "cpu")
+        assert torch.equal(layer(x), expected) and streamer.device_bytes == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream copies need a CUDA device")
+def test_cuda_side_stream_streaming_matches_resident(files, inputs):
+    net = load_transformer(files["int8"], dtype=torch.bfloat16, device="cuda").transformer
+    cuda = {k: v.cuda() if k in ("x", "ctx", "ref", "t") else v for k, v in inputs.items()}
+    expected, expected_kv = forward(net, cuda), kv_path(net, cuda)
+    resident_memory = torch.cuda.memory_allocated()
+    streamer = enable_streaming(net, "cuda")
+    assert torch.cuda.memory_allocated() < resident_memory
+    assert all(block.pinned for block in streamer._blocks.values())
+    assert all(block.host.device.type == "cpu" for block in streamer._blocks.values())
+    for _ in range(3):
+        assert torch.equal(forward(net, cuda), expected)
+        assert torch.equal(kv_path(net, cuda), expected_kv)
+    streamer.release()
+    disable_streaming(net)
+    assert net.double_blocks[0].img_attn.qkv.weight.device.type == "cuda"
+    assert torch.equal(forward(net, cuda), expected)
