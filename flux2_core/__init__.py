@@ -50,8 +50,9 @@ from .sampling import (
     sample,
     settings_numbers,
 )
+from .streaming import disable_streaming, enable_streaming, streamer_of
 from .text_encoder import TextEncoder, load_text_encoder
-from .transformer import Flux2Model, Flux2Transformer
+from .transformer import Flux2Model, Flux2Transformer, compile_blocks
 from .vae import AutoEncoder, load_vae
 
 __all__ = [
@@ -85,9 +86,12 @@ __all__ = [
     "check_fits",
     "check_request",
     "check_size",
+    "compile_blocks",
     "composite",
     "encode_reference_kv",
     "encode_references",
+    "disable_streaming",
+    "enable_streaming",
     "estimate_memory",
     "get_sigmas",
     "latent_mask",
@@ -105,4 +109,5 @@ __all__ = [
     "read_lora",
     "sample",
     "settings_numbers",
+    "streamer_of",
 ]

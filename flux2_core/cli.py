@@ -30,6 +30,7 @@ log = logging.getLogger("flux2_core")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_OUTPUT = "flux2-klein.png"
+VAE_TILE_OVERLAP = 64  # pixels shared by neighbouring VAE tiles, blended (a quarter of smaller tiles)
 # --image without a mask: 1.0 would ignore the image; 0.75 skips the first of 4 steps (steps skipped:
 # int(steps - steps * strength), diffusers' rule, so with 4 steps anything above 0.75 skips none)
 IMG2IMG_STRENGTH = 0.75
@@ -81,6 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default=None, choices=list(DTYPES), help="default: bfloat16 on GPU, float32 on CPU"
     )
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    gen.add_argument(
+        "--offload",
+        default="none",
+        choices=["none", "stream"],
+        help="stream: keep the DiT's blocks in CPU memory and copy each to the GPU just before it runs",
+    )
+    gen.add_argument(
+        "--resident-mb", type=int, default=0, help="with --offload stream: MB of blocks kept on the GPU"
+    )
+    gen.add_argument(
+        "--vae-tile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="VAE tile size in pixels (a multiple of 16, at least 128); 0: tile only what does not fit",
+    )
+    gen.add_argument(
+        "--compile", action="store_true", help="torch.compile the DiT's blocks (slow first step)"
+    )
     gen.add_argument(
         "--lora",
         action="append",
@@ -134,8 +154,11 @@ def generate(args: argparse.Namespace) -> list[Path]:
     from .lora import prepare_lora
     from .references import MAX_REFERENCE_PIXELS, encode_references, processed_size
     from .sampling import SampleSettings, check_conditioning, check_text_width, output_size, settings_numbers
+    from .streaming import disable_streaming, enable_streaming
     from .text_encoder import QWEN3_SPEC, describe_qwen3, load_text_encoder
+    from .transformer import compile_blocks
     from .vae import load_vae
+    from .vae_tiling import check_tiling
 
     # 1. Everything that can be checked without reading a weight, before any model is loaded.
     device = inputs.device_for(args.device)
@@ -166,6 +189,10 @@ def generate(args: argparse.Namespace) -> list[Path]:
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
     edit = _edit(args, max_pixels)
     loras = inputs.read_loras(args.lora)
+    overlap = VAE_TILE_OVERLAP if args.vae_tile <= 0 else min(VAE_TILE_OVERLAP, args.vae_tile // 64 * 16)
+    check_tiling(args.vae_tile, overlap, FLUX2.size_multiple)
+    if args.resident_mb < 0:
+        raise Flux2Error(f"--resident-mb {args.resident_mb} is negative: give 0 (stream every block) or more")
     width, height = output_size(args.width, args.height, edit.size if edit else (sizes[0] if sizes else None))
     config, dit_bytes, checkpoint = weight_bytes(DIT_SPEC, args.model, dtype)
     variant = transformer_variant(checkpoint, config, args.variant)
@@ -184,6 +211,9 @@ def generate(args: argparse.Namespace) -> list[Path]:
     num_ref_tokens = (sum(w * h for w, h in sizes) + source_tokens) // FLUX2.size_multiple**2
     activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens)
     what = f"{width}x{height} with {len(images)} reference(s) ({num_ref_tokens} reference tokens)"
+    if args.offload == "stream":  # what stays on the device, plus about three blocks in flight
+        blocks = config.depth + config.depth_single_blocks
+        dit_bytes = min(dit_bytes, args.resident_mb * 2**20 + 3 * dit_bytes // max(blocks, 1))
     inputs.check_memory(device, dit_bytes, te_bytes, activations, what)
     del checkpoint
 
@@ -203,9 +233,15 @@ def generate(args: argparse.Namespace) -> list[Path]:
 
     # 3. References and the image to edit, sampling once per prompt, decoding, compositing.
     vae = load_vae(vae_path, dtype=torch.float32, device=device)
-    references = encode_references(vae, images, max_pixels) if images else None
-    start, mask, references = _encode_edit(vae, edit, references, (height // 16, width // 16))
-    model.transformer.to(device)
+    tiles = {"tile_size": args.vae_tile, "tile_overlap": overlap}
+    references = encode_references(vae, images, max_pixels, **tiles) if images else None
+    start, mask, references = _encode_edit(vae, edit, references, (height // 16, width // 16), tiles)
+    if args.offload == "stream":
+        enable_streaming(model.transformer, device, resident_bytes=args.resident_mb * 2**20)
+    else:
+        model.transformer.to(device)
+    if args.compile:
+        compile_blocks(model.transformer)
     log.info(
         "%s (%s): %dx%d, %d steps, guidance %g, seed %d%s",
         model.name,
@@ -229,12 +265,14 @@ def generate(args: argparse.Namespace) -> list[Path]:
             latents = _sample(model, conditioning[k : k + 1], settings, negative, references, bar, start,
                               edit, mask, kv_cache)  # fmt: skip
         results.append(latents)
+    if args.offload == "stream":
+        disable_streaming(model.transformer)  # back on the CPU, as loaded
     model.transformer.to("cpu")
     _release(device)
     outputs = []
     for latents in results:
         with torch.inference_mode():
-            pixels = torch.cat([vae.decode(item.to(device)).cpu() for item in latents.split(1)])
+            pixels = torch.cat([vae.decode(item.to(device), **tiles).cpu() for item in latents.split(1)])
         if edit is not None and edit.stitch is not None and not args.no_composite:
             pixels = _composite(pixels, edit.stitch, args.mask_feather)
         outputs.append(pixels)
@@ -293,7 +331,7 @@ def _edit(args: argparse.Namespace, max_pixels: int) -> Edit | None:
     return Edit(crop, size, strength, size[0] * size[1], crop_mask, stitch)
 
 
-def _encode_edit(vae, edit: Edit | None, references, grid):
+def _encode_edit(vae, edit: Edit | None, references, grid, tiles: dict):
     """(start latent, packed mask, references): an inpaint's source is also its first reference."""
     from .editing import latent_mask
     from .references import ReferenceLatents, prepare_reference
@@ -301,7 +339,7 @@ def _encode_edit(vae, edit: Edit | None, references, grid):
     if edit is None:
         return None, None, references
     # img2img: capped and cropped as references are; inpaint: the prepared crop, already at its size
-    start = vae.encode(prepare_reference(edit.pixels, edit.max_pixels)).float().cpu()
+    start = vae.encode(prepare_reference(edit.pixels, edit.max_pixels), **tiles).float().cpu()
     if tuple(start.shape[-2:]) != grid:  # cannot happen: the output size is the encoded image's
         raise Flux2Error(
             f"the image encodes to a {start.shape[-1]}x{start.shape[-2]} latent grid, not {grid[1]}x{grid[0]}"

@@ -26,6 +26,7 @@ from .limits import check_request
 from .lora import DIT, patched
 from .references import ReferenceLatents
 from .rope import image_ids, text_ids
+from .streaming import streamer_of
 from .transformer import Flux2Model
 
 log = logging.getLogger(__name__)
@@ -89,9 +90,12 @@ def check_text_width(config, name: str, got: int, what: str = "conditioning") ->
 
 
 def estimate_memory(model: Flux2Model, settings: SampleSettings, references: ReferenceLatents | None) -> int:
-    """Rough peak bytes of activations (plus the KV cache) for one sampling run of a loaded model."""
+    """Rough peak bytes of activations (plus the KV cache, plus the device copies of streamed blocks) for one
+    sampling run of a loaded model."""
     num_ref = references.num_tokens if references is not None else 0
-    return sampling_memory(model.config, model.variant, model.transformer.dtype, settings, num_ref)
+    streamer = streamer_of(model.transformer)
+    streamed = streamer.working_bytes if streamer is not None else 0
+    return sampling_memory(model.config, model.variant, model.transformer.dtype, settings, num_ref) + streamed
 
 
 def sampling_memory(

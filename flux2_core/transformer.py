@@ -170,6 +170,14 @@ class Flux2Model:
         return self.transformer.config
 
 
+def compile_blocks(net: Flux2Transformer) -> None:
+    """Compile every block with ``torch.compile`` (in place): the first step of each new size pays the
+    compilation, later steps run the fused kernels. Needs a working compiler toolchain (Triton on a GPU, a C++
+    compiler on the CPU)."""
+    for block in net.blocks():
+        block.compile()
+
+
 def _fp16_safe(x: torch.Tensor) -> torch.Tensor:
     """float16 overflows in the residual stream of large blocks: clip to its range (as diffusers does)."""
     return x.clip(-65504, 65504) if x.dtype == torch.float16 else x

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from ..flux2_core import KLEIN_VARIANTS, Flux2Error, load_text_encoder, load_transformer, load_vae
+from ..flux2_core import (
+    KLEIN_VARIANTS,
+    Flux2Error,
+    enable_streaming,
+    load_text_encoder,
+    load_transformer,
+    load_vae,
+)
 from . import host, types
 from .model_files import empty_folder_entry, empty_folder_message
 from .sampler import KV_STORE
@@ -32,6 +39,11 @@ TOOLTIPS = {
     "models/text_encoders (or models/clip): bf16, fp8mixed or GGUF (e.g. Qwen3-4B-Q8_0.gguf).",
     "device": "default: where ComfyUI runs text encoders (the GPU when there is room). cpu: always on the "
     "CPU in float32, which saves VRAM but is slow.",
+    "offload": "none: the whole model moves to the GPU to sample. stream: the blocks stay in CPU memory and "
+    "each is copied to the GPU just before it runs (overlapped with compute), so 9B runs in a few GB of "
+    "VRAM, at the cost of the copies.",
+    "resident_mb": "With offload stream: MB of model weights kept on the GPU (the rest is streamed); 0 "
+    "streams every block. More is faster when the card has the room.",
     "vae_name": "The FLUX.2 VAE (flux2-vae.safetensors, 32 latent channels) from models/vae.",
 }
 
@@ -68,10 +80,21 @@ class Flux2KleinModelLoader:
                 "weight_dtype": socket(
                     ["default", *WEIGHT_DTYPES], TOOLTIPS["weight_dtype"], default="default"
                 ),
+                "offload": socket(["none", "stream"], TOOLTIPS["offload"], default="none"),
+                "resident_mb": socket(
+                    "INT", TOOLTIPS["resident_mb"], default=0, min=0, max=1 << 20, step=256
+                ),
             },
         }
 
-    def load(self, model_name: str, variant: str, weight_dtype: str = "default"):
+    def load(
+        self,
+        model_name: str,
+        variant: str,
+        weight_dtype: str = "default",
+        offload: str = "none",
+        resident_mb=0,
+    ):
         load_device, offload_device = host.devices("diffusion_model")
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
         path = _path("diffusion_models", model_name)
@@ -79,6 +102,10 @@ class Flux2KleinModelLoader:
         model = load_transformer(
             path, variant=variant, dtype=dtype, device=offload_device, keep_quantized=keep
         )
+        if offload == "stream":  # before the patcher: it then manages (and moves) only the resident part
+            enable_streaming(
+                model.transformer, load_device, resident_bytes=int(resident_mb) * 2**20, move=False
+            )
         patcher = host.manage(model.transformer, load_device, offload_device)
         # the 9B-KV references' K/V kept for this model live on its device: they go when it leaves it
         host.on_unload(patcher, lambda: KV_STORE.forget_model(model.transformer))

@@ -77,6 +77,8 @@ NODE_SPECS: dict[str, NodeSpec] = {
             Widget("model_name", "COMBO"),
             Widget("variant", "COMBO"),
             Widget("weight_dtype", "COMBO", True),
+            Widget("offload", "COMBO", True),
+            Widget("resident_mb", "INT", True),
         ),
         outputs=(("model", MODEL),),
     ),
@@ -97,7 +99,12 @@ NODE_SPECS: dict[str, NodeSpec] = {
     "Flux2KleinReferenceEncode": NodeSpec(
         "FLUX.2 [klein] Reference Encode",
         inputs=(Socket("vae", VAE), Socket("image", "IMAGE"), Socket("references", REFERENCES, True)),
-        widgets=(Widget("max_megapixels", "FLOAT", True), Widget("resize", "COMBO", True)),
+        widgets=(
+            Widget("max_megapixels", "FLOAT", True),
+            Widget("resize", "COMBO", True),
+            Widget("tile_size", "INT", True),
+            Widget("tile_overlap", "INT", True),
+        ),
         outputs=(("references", REFERENCES),),
     ),
     "Flux2KleinEncode": NodeSpec(
@@ -156,6 +163,7 @@ NODE_SPECS: dict[str, NodeSpec] = {
     "Flux2KleinDecode": NodeSpec(
         "FLUX.2 [klein] Decode",
         inputs=(Socket("vae", VAE), Socket("latent", "LATENT")),
+        widgets=(Widget("tile_size", "INT", True), Widget("tile_overlap", "INT", True)),
         outputs=(("image", "IMAGE"),),
     ),
     "Flux2KleinLoraLoader": NodeSpec(
@@ -420,6 +428,7 @@ def _input_index(node: Node, name: str) -> int:
 # ----------------------------------------------------------------------------------------------------
 # Layout: columns from left to right, in the direction the data flows.
 
+AUTO_TILES = {"tile_size": 0, "tile_overlap": 64}  # the VAE tiles only what does not fit
 X_NOTE, X_LOAD, X_ENCODE, X_SAMPLE, X_DECODE, X_SAVE = 0, 560, 1000, 1500, 1880, 2200
 LOADER_SIZE = (380, 110)
 POSITIVE_COLOR = ("#232", "#353")  # ComfyUI's usual green / red for positive / negative prompts
@@ -507,7 +516,13 @@ def build(r: Recipe) -> Graph:
         "Flux2KleinModelLoader",
         (X_LOAD, 0),
         (380, 130),
-        {"model_name": r.dit, "variant": r.variant, "weight_dtype": "default"},
+        {
+            "model_name": r.dit,
+            "variant": r.variant,
+            "weight_dtype": "default",
+            "offload": "none",
+            "resident_mb": 0,
+        },
         properties={"models": models_property(r.dit)},
     )
     te = g.add(
@@ -582,7 +597,7 @@ def build(r: Recipe) -> Graph:
             "Flux2KleinReferenceEncode",
             (X_ENCODE, y),
             (440, 130),
-            {"max_megapixels": 1.0, "resize": "crop"},
+            {"max_megapixels": 1.0, "resize": "crop", **AUTO_TILES},
             title=f"Reference {i + 1}",
         )
         g.connect(vae, enc, "vae")
@@ -619,7 +634,7 @@ def build(r: Recipe) -> Graph:
     stitch = _edit_inputs(g, r, vae, refs, sampler)
     if refs is not None and stitch is None:
         g.connect(refs, sampler, "references")
-    decode = g.add("Flux2KleinDecode", (X_DECODE, 0), (260, 70))
+    decode = g.add("Flux2KleinDecode", (X_DECODE, 0), (260, 120), dict(AUTO_TILES))
     g.connect(vae, decode, "vae")
     g.connect(sampler, decode, "latent")
     result, generate = decode, [sampler, decode]

@@ -173,3 +173,22 @@ def test_quantised_model_runs_from_the_cli(files, tmp_path):
     code, out = _run(files, tmp_path, *size, model="fp8")
     assert code == 0
     assert 0 < np.abs(np.asarray(Image.open(out)).astype(int) - plain).mean() < 8
+
+
+def test_streaming_and_tiling_flags_keep_the_image(files, tmp_path):
+    size = ("--width", "64", "--height", "64", "--seed", "4")
+    code, plain_out = _run(files, tmp_path, *size)
+    plain = np.asarray(Image.open(plain_out)).astype(int)
+    code, out = _run(files, tmp_path, *size, "--offload", "stream", "--resident-mb", "0")
+    assert code == 0 and np.array_equal(np.asarray(Image.open(out)).astype(int), plain)  # streaming is exact
+    code, out = _run(files, tmp_path, *size, "--vae-tile", "128")  # one tile covers 64x64: exact
+    assert code == 0 and np.array_equal(np.asarray(Image.open(out)).astype(int), plain)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(("--vae-tile", "100"), "VAE tile size 100 is not allowed"), (("--resident-mb", "-1"), "is negative")],
+)
+def test_bad_memory_flags_are_refused(files, tmp_path, caplog, flags, message):
+    code, out = _run(files, tmp_path, *flags)
+    assert code == 2 and not out.exists() and message in caplog.text

@@ -47,7 +47,7 @@ NODE_IDS = {  # node id -> (display name, category, RETURN_TYPES)
                              ("FLUX2_KLEIN_MODEL", "STRING", "FLUX2_KLEIN_TEXT_ENCODER")),
 }  # fmt: skip
 INPUTS = {  # node id -> (required, optional) input ids: workflows store these, so they never change
-    "Flux2KleinModelLoader": (["model_name", "variant"], ["weight_dtype"]),
+    "Flux2KleinModelLoader": (["model_name", "variant"], ["weight_dtype", "offload", "resident_mb"]),
     "Flux2KleinTextEncoderLoader": (["text_encoder_name"], ["device"]),
     "Flux2KleinVAELoader": (["vae_name"], []),
     "Flux2KleinTextEncode": (["text_encoder", "text"], []),
@@ -653,3 +653,12 @@ def test_reference_encode_tiles_and_reserves_the_tiled_estimate(nodes, loaded, p
     (plain,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(192, 160))
     torch.testing.assert_close(plain.latents()[0], vae.encode(pixels))
     assert reserved == [vae.encode_memory(192, 160)]
+
+
+def test_model_loader_streams_blocks_with_the_same_result(nodes, loaded):
+    (streamed,) = nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "auto", "default", "stream", 0)
+    net = streamed.model.transformer
+    resident = sum(t.numel() for t in net.parameters())
+    full = sum(t.numel() for t in loaded["model"].model.transformer.parameters())
+    assert resident < 0.5 * full  # the patcher manages (and moves) only what stays resident
+    assert torch.equal(run_sampler(nodes, {**loaded, "model": streamed}), run_sampler(nodes, loaded))

@@ -44,7 +44,7 @@ STITCH = "FLUX2_KLEIN_STITCH"
 CONTRACT = {
     "Flux2KleinModelLoader": {
         "inputs": {},
-        "widgets": ["model_name", "variant", "weight_dtype"],
+        "widgets": ["model_name", "variant", "weight_dtype", "offload", "resident_mb"],
         "outputs": [MODEL],
     },
     "Flux2KleinTextEncoderLoader": {
@@ -56,7 +56,7 @@ CONTRACT = {
     "Flux2KleinTextEncode": {"inputs": {"text_encoder": (TE, True)}, "widgets": ["text"], "outputs": [COND]},
     "Flux2KleinReferenceEncode": {
         "inputs": {"vae": (VAE, True), "image": ("IMAGE", True), "references": (REFS, False)},
-        "widgets": ["max_megapixels", "resize"],
+        "widgets": ["max_megapixels", "resize", "tile_size", "tile_overlap"],
         "outputs": [REFS],
     },
     "Flux2KleinSampler": {
@@ -73,7 +73,7 @@ CONTRACT = {
     },
     "Flux2KleinDecode": {
         "inputs": {"vae": (VAE, True), "latent": ("LATENT", True)},
-        "widgets": [],
+        "widgets": ["tile_size", "tile_overlap"],
         "outputs": ["IMAGE"],
     },
     "Flux2KleinEncode": {

@@ -29,7 +29,7 @@ CONTRACT = {
     "Flux2KleinModelLoader": (
         "FLUX.2 [klein] Model Loader",
         ["model_name", "variant"],
-        ["weight_dtype"],
+        ["weight_dtype", "offload", "resident_mb"],
         [MODEL],
     ),
     "Flux2KleinTextEncoderLoader": (
@@ -43,7 +43,7 @@ CONTRACT = {
     "Flux2KleinReferenceEncode": (
         "FLUX.2 [klein] Reference Encode",
         ["vae", "image"],
-        ["references", "max_megapixels", "resize"],
+        ["references", "max_megapixels", "resize", "tile_size", "tile_overlap"],
         [REFS],
     ),
     "Flux2KleinSampler": (
@@ -52,7 +52,12 @@ CONTRACT = {
         ["negative", "references", "latent", "denoise", "kv_cache"],
         ["LATENT"],
     ),
-    "Flux2KleinDecode": ("FLUX.2 [klein] Decode", ["vae", "latent"], [], ["IMAGE"]),
+    "Flux2KleinDecode": (
+        "FLUX.2 [klein] Decode",
+        ["vae", "latent"],
+        ["tile_size", "tile_overlap"],
+        ["IMAGE"],
+    ),
     "Flux2KleinEncode": ("FLUX.2 [klein] Encode", ["vae", "image"], [], ["LATENT"]),
     "Flux2KleinInpaintPrepare": (
         "FLUX.2 [klein] Inpaint Prepare",
