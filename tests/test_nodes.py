@@ -656,7 +656,9 @@ def test_reference_encode_tiles_and_reserves_the_tiled_estimate(nodes, loaded, p
 
 
 def test_model_loader_streams_blocks_with_the_same_result(nodes, loaded):
-    (streamed,) = nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "auto", "default", "stream", 0)
+    (streamed,) = nodes["Flux2KleinModelLoader"].load(
+        "klein_tiny.safetensors", "auto", "default", "stream", 0
+    )
     net = streamed.model.transformer
     resident = sum(t.numel() for t in net.parameters())
     full = sum(t.numel() for t in loaded["model"].model.transformer.parameters())
