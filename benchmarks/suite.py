@@ -454,7 +454,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vae", choices=["medium", "full"], default=None, help="VAE widths: medium (CPU) or full")
     p.add_argument("--e2e-size", type=int, default=None, help="end-to-end image side (256)")
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up per implementation")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="timed rounds after one warm-up each (default 2 on a CPU, else 3)",
+    )
     p.add_argument(
         "--native-sdpa", action="store_true", help="native ComfyUI with --use-pytorch-cross-attention"
     )
@@ -475,6 +480,7 @@ def parse_args() -> argparse.Namespace:
         vae_size=1024 if args.gpu_real else 512,
         vae="full" if args.gpu_real else "medium",
         e2e_size=1024 if args.gpu_real else 256,
+        rounds=3 if gpu else 2,
     )
     for key, value in defaults.items():
         if getattr(args, key) is None:
