@@ -331,3 +331,16 @@ def test_incomplete_file_is_named(tmp_path):
     save_file({"double_stream_modulation_img.lin.weight": torch.zeros(6, 1)}, path)
     with pytest.raises(Flux2Error, match="lacks img_in.weight"):
         load_transformer(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cpu_low_precision_attention_matches_sdpa_within_its_precision(dtype):
+    from flux2_core import layers
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 2500, 64, generator=g) for _ in range(3))  # several query chunks
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    got = layers.sdpa(q.to(dtype), k.to(dtype), v.to(dtype))
+    assert got.dtype == dtype and got.shape == want.shape
+    assert (got.float() - want).abs().max().item() < 2e-2
+    assert torch.equal(layers.sdpa(q, k, v), want)  # float32 keeps PyTorch's kernel
