@@ -68,7 +68,10 @@ class RMSNorm(nn.Module):
         self.scale = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Statistics in float32, weight applied after the cast back (BFL order).
+        # Statistics in float32, weight applied after the cast back (BFL order); in float32 that is one fused
+        # op giving the very same values.
+        if x.dtype == torch.float32 and self.scale.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight=self.scale, eps=NORM_EPS)
         return F.rms_norm(x.float(), (x.shape[-1],), eps=NORM_EPS).to(x.dtype) * self.scale
 
 

@@ -55,10 +55,18 @@ def rope_table(ids: torch.Tensor, axes_dim: tuple[int, ...], theta: int) -> torc
     return torch.stack([angle.cos(), angle.sin()], dim=-1).to(torch.float32)
 
 
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of ``x`` [B, heads, L, D] by ``table`` [L, D / 2, 2]; math in float32."""
-    xf = x.float().unflatten(-1, (-1, 2))  # [B, heads, L, D/2, 2]
-    x0, x1 = xf[..., 0], xf[..., 1]
+def rotation_table(table: torch.Tensor) -> torch.Tensor:
+    """[L, D / 2, 2] (cos, sin) -> [L, D / 2, 2, 2]: the columns (cos, sin) and (-sin, cos) of each pair's
+    rotation, so ``apply_rope`` needs two products and one sum."""
     cos, sin = table[..., 0], table[..., 1]
-    out = torch.stack([cos * x0 - sin * x1, sin * x0 + cos * x1], dim=-1)
+    return torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -1)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of ``x`` [B, heads, L, D] by ``table``: [L, D / 2, 2] (cos, sin) or its
+    ``rotation_table``; math in float32. (x0, x1) -> (cos x0 - sin x1, sin x0 + cos x1), exactly."""
+    if table.ndim == 3:
+        table = rotation_table(table)
+    xf = x.float().unflatten(-1, (-1, 1, 2))  # [B, heads, L, D/2, 1, 2]
+    out = table[..., 0] * xf[..., 0] + table[..., 1] * xf[..., 1]  # [B, heads, L, D/2, 2]
     return out.flatten(-2).to(x.dtype)

@@ -34,7 +34,7 @@ from .layers import (
     timestep_embedding,
 )
 from .ops import Linear
-from .rope import rope_table
+from .rope import rope_table, rotation_table
 
 REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they were clean (t = 0)
 
@@ -147,7 +147,8 @@ class Flux2Transformer(nn.Module):
         if key not in self._rope_cache:
             if len(self._rope_cache) >= 4:
                 self._rope_cache.clear()
-            self._rope_cache[key] = rope_table(ids, self.config.axes_dim, self.config.theta).to(device)
+            table = rope_table(ids, self.config.axes_dim, self.config.theta)
+            self._rope_cache[key] = rotation_table(table).to(device)
         return self._rope_cache[key]
 
 

@@ -344,3 +344,16 @@ def test_cpu_low_precision_attention_matches_sdpa_within_its_precision(dtype):
     assert got.dtype == dtype and got.shape == want.shape
     assert (got.float() - want).abs().max().item() < 2e-2
     assert torch.equal(layers.sdpa(q, k, v), want)  # float32 keeps PyTorch's kernel
+
+
+def test_rope_rotation_table_rotates_pairs_exactly():
+    from flux2_core.rope import apply_rope, rope_table, rotation_table
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 12, 16, generator=g)
+    table = rope_table(image_ids(3, 4), (4, 4, 4, 4), 2000)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    cos, sin = table[..., 0], table[..., 1]
+    want = torch.stack([cos * x0 - sin * x1, sin * x0 + cos * x1], dim=-1).flatten(-2)
+    assert torch.equal(apply_rope(x, rotation_table(table)), want)
+    assert torch.equal(apply_rope(x, table), want)
