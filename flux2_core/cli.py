@@ -218,8 +218,9 @@ def generate(args: argparse.Namespace) -> list[Path]:
     del checkpoint
 
     # 2. Text first (every prompt at once), then the encoder leaves the device.
-    model = load_transformer(args.model, variant=args.variant, dtype=dtype, device="cpu")
-    encoder = load_text_encoder(text_encoder, dtype=dtype, device=device)
+    keep = device.type != "mps"  # MPS cannot hold float8: quantised files are dequantised at load there
+    model = load_transformer(args.model, variant=args.variant, dtype=dtype, device="cpu", keep_quantized=keep)
+    encoder = load_text_encoder(text_encoder, dtype=dtype, device=device, keep_quantized=keep)
     for lora_file, strength in loras:  # each LoRA's report is logged as it is matched
         lora = prepare_lora(lora_file, model.transformer, encoder.model, strength)
         model, encoder = model.with_lora(lora), encoder.with_lora(lora)

@@ -98,7 +98,8 @@ class Flux2KleinModelLoader:
         load_device, offload_device = host.devices("diffusion_model")
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
         path = _path("diffusion_models", model_name)
-        keep = weight_dtype == "default"  # a chosen dtype dequantises quantised files at load
+        # A chosen dtype dequantises quantised files at load; so does Apple's MPS, which cannot hold float8.
+        keep = weight_dtype == "default" and load_device.type != "mps"
         model = load_transformer(
             path, variant=variant, dtype=dtype, device=offload_device, keep_quantized=keep
         )
@@ -135,7 +136,12 @@ class Flux2KleinTextEncoderLoader:
     def load(self, text_encoder_name: str, device: str = "default"):
         load_device, offload_device = host.devices("text_encoder", cpu=device == "cpu")
         path = _path("text_encoders", text_encoder_name)
-        encoder = load_text_encoder(path, dtype=host.default_dtype(load_device), device=offload_device)
+        encoder = load_text_encoder(
+            path,
+            dtype=host.default_dtype(load_device),
+            device=offload_device,
+            keep_quantized=load_device.type != "mps",
+        )
         return (types.KleinTextEncoder(encoder, host.manage(encoder.model, load_device, offload_device)),)
 
 
