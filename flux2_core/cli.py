@@ -154,7 +154,7 @@ def generate(args: argparse.Namespace) -> list[Path]:
     from .lora import prepare_lora
     from .references import MAX_REFERENCE_PIXELS, encode_references, processed_size
     from .sampling import SampleSettings, check_conditioning, check_text_width, output_size, settings_numbers
-    from .streaming import disable_streaming, enable_streaming
+    from .streaming import BLOCKS_IN_FLIGHT, disable_streaming, enable_streaming
     from .text_encoder import QWEN3_SPEC, describe_qwen3, load_text_encoder
     from .transformer import compile_blocks
     from .vae import load_vae
@@ -211,9 +211,10 @@ def generate(args: argparse.Namespace) -> list[Path]:
     num_ref_tokens = (sum(w * h for w, h in sizes) + source_tokens) // FLUX2.size_multiple**2
     activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens)
     what = f"{width}x{height} with {len(images)} reference(s) ({num_ref_tokens} reference tokens)"
-    if args.offload == "stream":  # what stays on the device, plus about three blocks in flight
+    if args.offload == "stream":  # what stays on the device, plus the blocks in flight
         blocks = config.depth + config.depth_single_blocks
-        dit_bytes = min(dit_bytes, args.resident_mb * 2**20 + 3 * dit_bytes // max(blocks, 1))
+        in_flight = BLOCKS_IN_FLIGHT * dit_bytes // max(blocks, 1)
+        dit_bytes = min(dit_bytes, args.resident_mb * 2**20 + in_flight)
     inputs.check_memory(device, dit_bytes, te_bytes, activations, what)
     del checkpoint
 

@@ -112,21 +112,21 @@ def load_checkpoint(
     return Loaded(module, config, checkpoint, description)
 
 
+def kept_quantized(module, quantized: Quantized) -> Quantized:
+    """The quantised layers that stay quantised: linear layers whose format dequantises per call. The rest
+    (an embedding, a GGUF type without a torch kernel) are dequantised once, at load."""
+    layers = dict(linears(module))
+    return {name: q for name, q in quantized.items() if name in layers and q.dequantizes_per_call}
+
+
 def _keep_quantized(module, pieces: Plan, quantized: Quantized, what: str, int8_matmul: bool) -> Quantized:
     """Turn the meta module's quantised linear layers into quantised storage; add their scales to the plan."""
-    kept = {}
-    for name, q in quantized.items():
-        try:
-            layer = module.get_submodule(name)
-        except AttributeError:
-            continue  # not in the model: the strict fill reports it
-        if not isinstance(layer, Linear) or not q.dequantizes_per_call:
-            continue
-        quantize_layer(layer, q, what, int8_matmul)
+    kept = kept_quantized(module, quantized)
+    for name, q in kept.items():
+        quantize_layer(module.get_submodule(name), q, what, int8_matmul)
         for role in q.stored:
             if role != "weight":
                 pieces[f"{name}.{role}"] = [(q.keys[role], Placement(f"{name}.{role}"))]
-        kept[name] = q
     return kept
 
 
@@ -169,18 +169,15 @@ def weight_bytes(spec: ComponentSpec, path: str | Path, dtype: torch.dtype) -> t
     checkpoint = open_checkpoint(path, spec.component)
     pieces, shapes, quantized = plan_checkpoint(spec, checkpoint)
     config = read_config(spec, shapes, checkpoint)
-    if quantized:  # only linear layers stay quantised (an embedding is dequantised): the meta model says
+    if quantized:  # which layers stay quantised depends on the module: the meta model says
         with torch.device("meta"):
-            module = spec.build(config)
-        layers = {name for name, _ in linears(module)}
-        quantized = {name: q for name, q in quantized.items() if name in layers}
+            quantized = kept_quantized(spec.build(config), quantized)
     itemsize = torch.finfo(dtype).bits // 8
     total = 0
     for key, shape in shapes.items():
         if key in pieces and spec.wanted(key):
             q = quantized.get(key.removesuffix(".weight")) if key.endswith(".weight") else None
-            kept = q is not None and q.dequantizes_per_call
-            total += q.stored_bytes() if kept else math.prod(shape) * itemsize
+            total += q.stored_bytes() if q is not None else math.prod(shape) * itemsize
     return config, total, checkpoint
 
 
@@ -207,11 +204,8 @@ def plan_checkpoint(
         names = {short: names[key] for short, key in strip_prefix(names, group).items()}
     spec.identify(names, checkpoint)
     names = spec.rename(names)
-    # Header metadata describes the whole file: judge it only when the file holds this component alone.
-    metadata = checkpoint.metadata if len(names) == len(checkpoint.tensors) else {}
-    if "_quantization_metadata" in checkpoint.metadata and metadata is not checkpoint.metadata:
-        metadata = {"_quantization_metadata": checkpoint.metadata["_quantization_metadata"]}
-    found, aux = find_quantized(names, checkpoint.tensors, metadata, checkpoint.name)
+    # A header's layer list may also name other components' layers (all-in-one files): only ours match.
+    found, aux = find_quantized(names, checkpoint.tensors, checkpoint.metadata, checkpoint.name)
     names = {short: key for short, key in names.items() if short not in aux}
     pieces = {
         key: [(names[short], placement) for short, placement in parts]

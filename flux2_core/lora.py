@@ -275,23 +275,15 @@ _OWNERS = itertools.count()
 @contextlib.contextmanager
 def applied(transformer: nn.Module, text_encoder: nn.Module | None, loras: Sequence[Lora]) -> Iterator[None]:
     """Apply ``loras`` in order for the body of the ``with``, then remove them, whatever the body raises."""
-    transformer, text_encoder = _unwrap(transformer), _unwrap(text_encoder)
-    done: list[tuple[nn.Module, str]] = []
-    try:
+    if text_encoder is None:
         for lora in loras:
-            owner = f"lora{next(_OWNERS)}"
-            for domain, module in ((DIT, transformer), (TE, text_encoder)):
-                if not lora.patches.get(domain):
-                    continue
-                if module is None:
-                    log.warning("%s: text encoder patches not applied (no text encoder given)", lora.name)
-                    continue
-                done.append((module, owner))
-                attach(module, lora.patches[domain], owner)
+            if lora.patches.get(TE):
+                log.warning("%s: text encoder patches not applied (no text encoder given)", lora.name)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(transformer, DIT, loras))
+        if text_encoder is not None:
+            stack.enter_context(patched(text_encoder, TE, loras))
         yield
-    finally:
-        for module, owner in reversed(done):
-            detach(module, owner)
 
 
 @contextlib.contextmanager

@@ -290,7 +290,7 @@ def _roundup(n: int, m: int) -> int:
 
 
 def _itemsize(dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else 1
+    return dtype.itemsize if isinstance(dtype, torch.dtype) else 1  # bytes of a type torch lacks: 1 each
 
 
 class QuantWeight:

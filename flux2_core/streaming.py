@@ -33,6 +33,10 @@ _ATTR = "_flux2_block_streamer"
 _ALIGN = 64  # bytes: every tensor of a block's buffer starts at a multiple of this
 
 
+# Streamed blocks on the device at once: the one computing, the next arriving, the last one being freed.
+BLOCKS_IN_FLIGHT = 3
+
+
 @dataclass(frozen=True)
 class _Slot:
     """Where one stored tensor of a layer sits in its block's flat byte buffer."""
@@ -135,7 +139,7 @@ class BlockStreamer:
         """The most device memory the streamed copies take during a forward (three blocks: the one
         computing, the next one arriving, and the last one until the device is done with it); add it to
         the memory a run needs."""
-        return 3 * max((b.host.numel() for b in self._blocks.values()), default=0)
+        return BLOCKS_IN_FLIGHT * max((b.host.numel() for b in self._blocks.values()), default=0)
 
     @property
     def device_bytes(self) -> int:

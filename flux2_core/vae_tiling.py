@@ -176,60 +176,49 @@ def tiled_encode_memory(vae, height: int, width: int, tile: int, overlap: int = 
 def decode(vae, latent: Tensor, tile_size: int | None, tile_overlap: int, decode_one: Callable) -> Tensor:
     """Decode ``latent`` in tiles as ``tile_size`` asks, through ``decode_one`` (the untiled decode of a
     latent piece, returning float32 pixels)."""
-    factor = vae.downscale
-    check_tiling(tile_size, tile_overlap, factor)
     rows, cols = latent.shape[-2:]
-    height, width = rows * factor, cols * factor
-    tile = resolve_tile(
-        tile_size,
-        height,
-        width,
-        lambda: vae.decode_memory(height, width) * latent.shape[0],
-        lambda t: tiled_decode_memory(vae, height, width, t, tile_overlap) * latent.shape[0],
-        free_bytes(vae.device),
-    )
-    if tile is None:
-        return decode_one(latent)
-    return blend_tiles(
-        decode_one,
-        latent,
-        (rows, cols),
-        tile // factor,
-        tile_overlap // factor,
-        1,
-        factor,
+    height, width = rows * vae.downscale, cols * vae.downscale
+    return _tiled(
+        vae, decode_one, latent, (height, width), tile_size, tile_overlap, (1, vae.downscale),
         vae.config.out_ch,
-        vae.device,
-    )
+        lambda: vae.decode_memory(height, width),
+        lambda t: tiled_decode_memory(vae, height, width, t, tile_overlap),
+    )  # fmt: skip
 
 
 def encode(vae, pixels: Tensor, tile_size: int | None, tile_overlap: int, encode_one: Callable) -> Tensor:
     """Encode ``pixels`` in tiles as ``tile_size`` asks, through ``encode_one`` (the untiled encode of a
     pixel piece to the float32 latent)."""
-    factor = vae.downscale
-    check_tiling(tile_size, tile_overlap, factor)
     height, width = pixels.shape[-2:]
+    return _tiled(
+        vae, encode_one, pixels, (height, width), tile_size, tile_overlap, (vae.downscale, 1),
+        vae.latent_channels,
+        lambda: vae.encode_memory(height, width),
+        lambda t: tiled_encode_memory(vae, height, width, t, tile_overlap),
+    )  # fmt: skip
+
+
+def _tiled(
+    vae, run, source, size, tile_size, overlap, scales, channels, whole_memory, tiled_memory
+) -> Tensor:
+    """``run`` on the whole of ``source`` or on blended tiles of it, as ``tile_size`` and the free memory say.
+
+    ``size`` is the image's (height, width) in pixels; ``scales`` the samples per latent cell of the source
+    and of the result; the memory callables give one image's bytes (untiled, and tiled with a given tile).
+    """
+    factor, batch = vae.downscale, source.shape[0]
+    check_tiling(tile_size, overlap, factor)
     tile = resolve_tile(
         tile_size,
-        height,
-        width,
-        lambda: vae.encode_memory(height, width) * pixels.shape[0],
-        lambda t: tiled_encode_memory(vae, height, width, t, tile_overlap) * pixels.shape[0],
+        *size,
+        lambda: whole_memory() * batch,
+        lambda t: tiled_memory(t) * batch,
         free_bytes(vae.device),
     )
     if tile is None:
-        return encode_one(pixels)
-    return blend_tiles(
-        encode_one,
-        pixels,
-        (height // factor, width // factor),
-        tile // factor,
-        tile_overlap // factor,
-        factor,
-        1,
-        vae.latent_channels,
-        vae.device,
-    )
+        return run(source)
+    cells = (size[0] // factor, size[1] // factor)
+    return blend_tiles(run, source, cells, tile // factor, overlap // factor, *scales, channels, vae.device)
 
 
 def _smooth_ramp(n: int) -> Tensor:
