@@ -52,3 +52,12 @@ def test_lora_workflow_reports_and_changes_the_image(comfy):
     effect = np.abs(with_lora - without).mean()
     print(f"\n[lora] mean |strength 1 - strength 0| = {effect:.1f}/255\n{report}")  # noqa: T201
     assert effect > 3, effect
+
+
+def test_streamed_model_and_tiled_decode_run_in_the_server(comfy):
+    wf = _workflow(comfy, "flux2_klein_4b_text_to_image")
+    plain = _pixels(comfy, comfy.run(wf, 300))
+    wf["1"]["inputs"].update(offload="stream", resident_mb=0)
+    (decode,) = [n for n in wf.values() if n["class_type"] == "Flux2KleinDecode"]
+    decode["inputs"].update(tile_size=128, tile_overlap=32)  # covers the 128x96 image: one tile, exact
+    assert np.array_equal(_pixels(comfy, comfy.run(wf, 300)), plain)
