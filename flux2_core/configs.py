@@ -24,6 +24,8 @@ class Family:
     max_text_tokens: int  # every prompt is padded or cut to this many tokens
     ref_time_offset: int  # reference k sits at t = ref_time_offset * (k + 1) on the time axis of RoPE
     default_size: int  # output side when nothing else gives one
+    latent_scale: int = 16  # pixels per cell of the family's LATENT (the noise grid)
+    noise_channels: int | None = None  # channels of that LATENT (None: latent_channels)
 
 
 FLUX2 = Family(
@@ -34,6 +36,19 @@ FLUX2 = Family(
     max_text_tokens=512,
     ref_time_offset=10,
     default_size=1024,
+)
+# FLUX.1 (Fill [dev]): ComfyUI's LATENT is the raw 16-channel VAE mean at 1/8 scale; the DiT packs 2x2 cells
+# into one 64-channel token, so image sides are multiples of 16 here too. No references (ref offset unused).
+FLUX1 = Family(
+    "FLUX.1",
+    latent_channels=64,
+    size_multiple=16,
+    min_size=64,
+    max_text_tokens=512,
+    ref_time_offset=0,
+    default_size=1024,
+    latent_scale=8,
+    noise_channels=16,
 )
 
 

@@ -16,6 +16,7 @@ Latents stay float32 between steps. Noise is drawn on the CPU in float32 from
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -28,10 +29,11 @@ Blend = Callable[[torch.Tensor, float], torch.Tensor]  # (x after a step, its si
 
 
 def make_noise(batch_size: int, height: int, width: int, seed: int, family: Family = FLUX2) -> torch.Tensor:
-    """[B, C, H/m, W/m] float32 CPU noise for a ``width x height`` image (m: the family's size multiple)."""
+    """[B, C, H/m, W/m] float32 CPU noise of the family's LATENT for a ``width x height`` image (m: pixels per
+    latent cell; FLUX.2 [B, 128, H/16, W/16], FLUX.1 [B, 16, H/8, W/8])."""
     generator = torch.Generator("cpu").manual_seed(seed)
-    m = family.size_multiple
-    shape = (batch_size, family.latent_channels, height // m, width // m)
+    m = family.latent_scale
+    shape = (batch_size, family.noise_channels or family.latent_channels, height // m, width // m)
     return torch.randn(shape, generator=generator, dtype=torch.float32)
 
 
@@ -43,6 +45,14 @@ def pack(latent: torch.Tensor) -> torch.Tensor:
 def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """[B, h * w, C] -> [B, C, h, w] for a latent grid of ``height x width`` tokens."""
     return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, height, width)
+
+
+def shifted_sigmas(num_steps: int, mu: float) -> torch.Tensor:
+    """[num_steps + 1] float32 sigmas from 1 to 0: exp(mu) / (exp(mu) + 1/t - 1) on t = linspace(1, 0), the
+    time shift of BFL's ``get_schedule`` (exponent 1); ``mu`` is the family's shift for the image size."""
+    t = torch.linspace(1, 0, num_steps + 1, dtype=torch.float32)
+    sigmas = math.exp(mu) / (math.exp(mu) + (1 / t[:-1] - 1))
+    return torch.cat([sigmas, torch.zeros(1)])
 
 
 def truncate(sigmas: list[float], strength: float) -> list[float]:

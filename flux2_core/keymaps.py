@@ -22,15 +22,18 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Part:
-    """Block ``index`` of ``count`` equal row blocks along dim 0."""
+    """Block ``index`` of ``count`` row blocks along dim 0: equal ones, or in the proportions ``weights``
+    (FLUX.1's single-block ``linear1`` is q, k, v and the MLP in the proportions 1:1:1:4)."""
 
     index: int
     count: int
+    weights: tuple[int, ...] | None = None
 
     def rows(self, total: int) -> tuple[int, int]:
         """(offset, size) of this block in a tensor of ``total`` rows."""
-        size = total // self.count
-        return self.index * size, size
+        weights = self.weights or (1,) * self.count
+        unit = total // sum(weights)
+        return unit * sum(weights[: self.index]), unit * weights[self.index]
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,17 @@ class ScaleShift:
         return latent.float() / self.scale + self.shift
 
 
+class RawMean:
+    """FLUX.1's VAE as ComfyUI sees it: the ``LATENT`` is the raw posterior mean; the model applies
+    ``ScaleShift`` on entry and exit (ComfyUI ``latent_formats.Flux``), so native VAE nodes read it."""
+
+    def to_latent(self, mean: Tensor, bn=None) -> Tensor:
+        return mean.float()
+
+    def from_latent(self, latent: Tensor, bn=None) -> Tensor:
+        return latent.float()
+
+
 def _bn_stats(x: Tensor, running_mean: Tensor, running_var: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     mean = running_mean.to(x.device, torch.float32).view(1, -1, 1, 1)
     std = torch.sqrt(running_var.to(x.device, torch.float32).view(1, -1, 1, 1) + eps)

@@ -23,11 +23,13 @@ from .rope import apply_rope
 NORM_EPS = 1e-6
 
 
-def timestep_embedding(t: torch.Tensor, dim: int = 256, max_period: float = 10000.0) -> torch.Tensor:
-    """Sinusoidal embedding of ``1000 * t`` (t in [0, 1]), cos first: [B, dim], float32."""
+def timestep_embedding(
+    t: torch.Tensor, dim: int = 256, max_period: float = 10000.0, factor: float = 1000.0
+) -> torch.Tensor:
+    """Sinusoidal embedding of ``factor * t`` (t in [0, 1]), cos first: [B, dim], float32."""
     half = dim // 2
     freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-    args = (1000.0 * t.float())[:, None] * freqs[None]
+    args = (factor * t.float())[:, None] * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
@@ -46,15 +48,34 @@ def swiglu(x: torch.Tensor) -> torch.Tensor:
 
 
 class SwiGLU(nn.Module):
+    """FLUX.2's gated MLP activation: two input rows per output (gate, up)."""
+
+    inputs_per_output = 2
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swiglu(x)
 
 
+class TanhGELU(nn.GELU):
+    """FLUX.1's MLP activation: GELU with the tanh approximation, one input row per output."""
+
+    inputs_per_output = 1
+
+    def __init__(self):
+        super().__init__(approximate="tanh")
+
+
+def mlp(hidden: int, mlp_hidden: int, act: nn.Module, bias: bool = False) -> nn.Sequential:
+    """``{0: in, 1: act, 2: out}``, the checkpoint layout of every FLUX MLP."""
+    rows = act.inputs_per_output * mlp_hidden
+    return nn.Sequential(Linear(hidden, rows, bias=bias), act, Linear(mlp_hidden, hidden, bias=bias))
+
+
 class MLPEmbedder(nn.Module):
-    def __init__(self, in_dim: int, hidden: int):
+    def __init__(self, in_dim: int, hidden: int, bias: bool = False):
         super().__init__()
-        self.in_layer = Linear(in_dim, hidden, bias=False)
-        self.out_layer = Linear(hidden, hidden, bias=False)
+        self.in_layer = Linear(in_dim, hidden, bias=bias)
+        self.out_layer = Linear(hidden, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_layer(F.silu(self.in_layer(x)))
@@ -85,12 +106,12 @@ class QKNorm(nn.Module):
 class SelfAttention(nn.Module):
     """Holds qkv / norm / proj so their keys match the checkpoint; the blocks drive the attention."""
 
-    def __init__(self, dim: int, num_heads: int):
+    def __init__(self, dim: int, num_heads: int, bias: bool = False):
         super().__init__()
         self.num_heads = num_heads
-        self.qkv = Linear(dim, 3 * dim, bias=False)
+        self.qkv = Linear(dim, 3 * dim, bias=bias)
         self.norm = QKNorm(dim // num_heads)
-        self.proj = Linear(dim, dim, bias=False)
+        self.proj = Linear(dim, dim, bias=bias)
 
     def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return split_qkv(self.qkv(x), self.num_heads, self.norm)
@@ -103,12 +124,13 @@ def split_qkv(qkv: torch.Tensor, num_heads: int, norm: QKNorm) -> tuple[torch.Te
 
 
 class Modulation(nn.Module):
-    """Global modulation: one linear map of silu(vec) shared by every block of a kind."""
+    """One linear map of silu(vec) to (shift, scale, gate) sets: FLUX.2 shares one per block kind, FLUX.1 has
+    one per block (with a bias)."""
 
-    def __init__(self, dim: int, double: bool):
+    def __init__(self, dim: int, double: bool, bias: bool = False):
         super().__init__()
         self.multiplier = 6 if double else 3
-        self.lin = Linear(dim, self.multiplier * dim, bias=False)
+        self.lin = Linear(dim, self.multiplier * dim, bias=bias)
 
     def forward(self, vec: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
         out = self.lin(F.silu(vec))[:, None, :].chunk(self.multiplier, dim=-1)  # each [B, 1, H]
@@ -161,18 +183,15 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 class DoubleStreamBlock(nn.Module):
-    """Text and image keep separate weights and attend jointly."""
+    """Text and image keep separate weights and attend jointly. ``act`` and ``bias``: SwiGLU without biases
+    (FLUX.2), tanh GELU with biases (FLUX.1)."""
 
-    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int):
+    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int, act=SwiGLU, bias: bool = False):
         super().__init__()
-        self.img_attn = SelfAttention(hidden, num_heads)
-        self.img_mlp = nn.Sequential(
-            Linear(hidden, 2 * mlp_hidden, bias=False), SwiGLU(), Linear(mlp_hidden, hidden, bias=False)
-        )
-        self.txt_attn = SelfAttention(hidden, num_heads)
-        self.txt_mlp = nn.Sequential(
-            Linear(hidden, 2 * mlp_hidden, bias=False), SwiGLU(), Linear(mlp_hidden, hidden, bias=False)
-        )
+        self.img_attn = SelfAttention(hidden, num_heads, bias)
+        self.img_mlp = mlp(hidden, mlp_hidden, act(), bias)
+        self.txt_attn = SelfAttention(hidden, num_heads, bias)
+        self.txt_mlp = mlp(hidden, mlp_hidden, act(), bias)
 
     def forward(self, img, txt, mod_img, mod_txt, pe, kv=None):
         (img_sh1, img_sc1, img_g1), (img_sh2, img_sc2, img_g2) = mod_img
@@ -196,30 +215,32 @@ class DoubleStreamBlock(nn.Module):
 
 
 class SingleStreamBlock(nn.Module):
-    """Parallel attention + MLP on the joint sequence, with fused input and output projections."""
+    """Parallel attention + MLP on the joint sequence, with fused input and output projections. ``linear1``'s
+    rows are [q|k|v|gate|up] with FLUX.2's SwiGLU, [q|k|v|mlp] with FLUX.1's tanh GELU (and biases)."""
 
-    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int):
+    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int, act=SwiGLU, bias: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.hidden = hidden
-        self.mlp_hidden = mlp_hidden
-        self.linear1 = Linear(hidden, 3 * hidden + 2 * mlp_hidden, bias=False)  # rows [q|k|v|gate|up]
-        self.linear2 = Linear(hidden + mlp_hidden, hidden, bias=False)
+        self.act = act()
+        self.mlp_rows = self.act.inputs_per_output * mlp_hidden
+        self.linear1 = Linear(hidden, 3 * hidden + self.mlp_rows, bias=bias)
+        self.linear2 = Linear(hidden + mlp_hidden, hidden, bias=bias)
         self.norm = QKNorm(hidden // num_heads)
 
     def forward(self, x, mod, pe, num_txt, kv=None):
         shift, scale, gate = mod
-        qkv, mlp = self.linear1(modulate(x, shift, scale)).split([3 * self.hidden, 2 * self.mlp_hidden], -1)
+        qkv, mlp = self.linear1(modulate(x, shift, scale)).split([3 * self.hidden, self.mlp_rows], -1)
         q, k, v = split_qkv(qkv, self.num_heads, self.norm)
         attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv)
-        return x + gate * self.linear2(torch.cat([attn, swiglu(mlp)], dim=-1))
+        return x + gate * self.linear2(torch.cat([attn, self.act(mlp)], dim=-1))
 
 
 class LastLayer(nn.Module):
-    def __init__(self, hidden: int, out_channels: int):
+    def __init__(self, hidden: int, out_channels: int, bias: bool = False):
         super().__init__()
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(hidden, 2 * hidden, bias=False))
-        self.linear = Linear(hidden, out_channels, bias=False)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(hidden, 2 * hidden, bias=bias))
+        self.linear = Linear(hidden, out_channels, bias=bias)
 
     def forward(self, x: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_modulation(vec)[:, None, :].chunk(2, dim=-1)  # (shift, scale) in BFL files

@@ -62,6 +62,17 @@ def rotation_table(table: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -1)
 
 
+def cached_rotation(cache: dict, ids: torch.Tensor, axes_dim, theta: int, device) -> torch.Tensor:
+    """The ``rotation_table`` for ``ids`` on ``device``, kept in ``cache`` for the last few id layouts (they
+    repeat every step)."""
+    key = (ids.cpu().numpy().tobytes(), tuple(ids.shape), str(device))
+    if key not in cache:
+        if len(cache) >= 4:
+            cache.clear()
+        cache[key] = rotation_table(rope_table(ids, axes_dim, theta)).to(device)
+    return cache[key]
+
+
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent pairs of ``x`` [B, heads, L, D] by ``table``: [L, D / 2, 2] (cos, sin) or its
     ``rotation_table``; math in float32. (x0, x1) -> (cos x0 - sin x1, sin x0 + cos x1), exactly."""

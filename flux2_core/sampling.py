@@ -19,7 +19,7 @@ import torch
 from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
 from .editing import inpaint_blend
 from .errors import Flux2Error
-from .flow import StepCallback, euler, make_noise, pack, start_from, truncate, unpack
+from .flow import StepCallback, euler, make_noise, pack, shifted_sigmas, start_from, truncate, unpack
 from .hooks import before_each, calling
 from .kv_cache import RefKVCache
 from .limits import check_request
@@ -58,10 +58,7 @@ def get_sigmas(num_steps: int, image_seq_len: int) -> torch.Tensor:
     """[num_steps + 1] float32 sigmas from 1 to 0: exp(mu) / (exp(mu) + 1/t - 1) on t = linspace(1, 0)."""
     if num_steps < 1:
         raise Flux2Error(f"steps is {num_steps}: use at least 1 step")
-    mu = compute_empirical_mu(image_seq_len, num_steps)
-    t = torch.linspace(1, 0, num_steps + 1, dtype=torch.float32)
-    sigmas = math.exp(mu) / (math.exp(mu) + (1 / t[:-1] - 1))
-    return torch.cat([sigmas, torch.zeros(1)])
+    return shifted_sigmas(num_steps, compute_empirical_mu(image_seq_len, num_steps))
 
 
 def output_size(width: int | None, height: int | None, reference_size: tuple[int, int] | None = None):

@@ -34,7 +34,7 @@ from .layers import (
     timestep_embedding,
 )
 from .ops import Linear
-from .rope import rope_table, rotation_table
+from .rope import cached_rotation
 
 REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they were clean (t = 0)
 
@@ -142,14 +142,7 @@ class Flux2Transformer(nn.Module):
         return h[:, num_txt:]
 
     def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """RoPE table for ``ids`` on ``device``, kept for the last few id layouts (they repeat every step)."""
-        key = (ids.cpu().numpy().tobytes(), tuple(ids.shape), str(device))
-        if key not in self._rope_cache:
-            if len(self._rope_cache) >= 4:
-                self._rope_cache.clear()
-            table = rope_table(ids, self.config.axes_dim, self.config.theta)
-            self._rope_cache[key] = rotation_table(table).to(device)
-        return self._rope_cache[key]
+        return cached_rotation(self._rope_cache, ids, self.config.axes_dim, self.config.theta, device)
 
 
 @dataclass

@@ -23,7 +23,17 @@ from .latent_format import BN_EPS, PatchedBatchNorm, denormalize, normalize, pat
 from .loading import ComponentSpec, block_count, load_checkpoint, load_component, plan_checkpoint
 from .vae_blocks import Decoder, Encoder, VAEConfig
 
-__all__ = ["AutoEncoder", "VAEConfig", "denormalize", "load_vae", "normalize", "patchify", "unpatchify"]
+__all__ = [
+    "AutoEncoder",
+    "VAEConfig",
+    "blocks_config",
+    "denormalize",
+    "load_vae",
+    "normalize",
+    "patchify",
+    "unpatchify",
+    "vae_rename",
+]
 
 FLUX2_VAE = VAEConfig()
 FLUX2_SMALL_DECODER_VAE = VAEConfig(decoder_ch=96)
@@ -39,7 +49,12 @@ def describe_vae(config: VAEConfig) -> str:
 
 
 class AutoEncoder(nn.Module):
-    """Pixels <-> normalised, patchified FLUX.2 latents ([B, 128, H/16, W/16] for the real model)."""
+    """Pixels <-> normalised, patchified FLUX.2 latents ([B, 128, H/16, W/16] for the real model).
+
+    Subclasses (the FLUX.1 VAE) change the latent format and the names in messages."""
+
+    family = "FLUX.2"
+    file_hint = "flux2-vae.safetensors"
 
     def __init__(self, config: VAEConfig):
         super().__init__()
@@ -49,9 +64,12 @@ class AutoEncoder(nn.Module):
         if config.has_encoder:
             self.encoder = Encoder(config)
         self.decoder = Decoder(config)
-        # Only the running stats are used (never batch statistics); BatchNorm2d gives the checkpoint's keys.
-        self.bn = nn.BatchNorm2d(config.latent_channels, eps=BN_EPS, affine=False)
+        self.bn = self._latent_statistics(config)
         self.latent_format = PatchedBatchNorm()
+
+    def _latent_statistics(self, config: VAEConfig) -> nn.Module | None:
+        # Only the running stats are used (never batch statistics); BatchNorm2d gives the checkpoint's keys.
+        return nn.BatchNorm2d(config.latent_channels, eps=BN_EPS, affine=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -74,7 +92,7 @@ class AutoEncoder(nn.Module):
         if not self.config.has_encoder:
             raise Flux2Error(
                 "this VAE file has no encoder (decoder weights only), so it cannot encode images: use "
-                "full_encoder_small_decoder.safetensors or flux2-vae.safetensors"
+                f"full_encoder_small_decoder.safetensors or {self.file_hint}"
             )
         if pixels.ndim != 4 or pixels.shape[1] != self.config.in_channels:
             raise Flux2Error(f"VAE encode expects images [B, 3, H, W], got shape {list(pixels.shape)}")
@@ -98,8 +116,9 @@ class AutoEncoder(nn.Module):
         """
         if latent.ndim != 4 or latent.shape[1] != self.latent_channels:
             raise Flux2Error(
-                f"VAE decode expects a FLUX.2 latent [B, {self.latent_channels}, h, w], got shape "
-                f"{list(latent.shape)}: connect a latent made by FLUX.2 (not an SD/FLUX.1 latent)"
+                f"VAE decode expects a {self.family} latent [B, {self.latent_channels}, h, w], got shape "
+                f"{list(latent.shape)}: connect a latent made by {self.family} with this VAE (a latent of "
+                "another model family needs that family's VAE)"
             )
         pixels = vae_tiling.decode(self, latent, tile_size, tile_overlap, self._decode_whole)
         if not torch.isfinite(pixels).all():
@@ -159,6 +178,11 @@ def vae_shapes(state_dict: dict[str, Tensor], name: str = "the VAE file") -> dic
 def vae_config(shapes: dict[str, tuple[int, ...]], name: str = "the VAE file") -> VAEConfig:
     """Read every dimension from BFL-named shapes (levels, blocks per level, widths, latent channels)."""
     _check_flux2_vae(shapes, name)
+    return blocks_config(shapes)
+
+
+def blocks_config(shapes: dict[str, tuple[int, ...]], patch: int = 2) -> VAEConfig:
+    """The encoder/decoder shape of any FLUX VAE from its BFL-named shapes; ``patch``: the latent's."""
     dec_widths = _level_widths(shapes, "decoder.up")
     has_encoder = "encoder.conv_in.weight" in shapes
     if has_encoder:
@@ -178,6 +202,8 @@ def vae_config(shapes: dict[str, tuple[int, ...]], name: str = "the VAE file") -
         in_channels=in_channels,
         out_ch=_shape(shapes, "decoder.conv_out.weight")[0],
         has_encoder=has_encoder,
+        patch=patch,
+        quant_conv="decoder.post_quant_conv.weight" in shapes or "encoder.quant_conv.weight" in shapes,
     )
 
 
@@ -198,7 +224,7 @@ def _identify(names: dict[str, str], checkpoint: Checkpoint) -> None:
             raise Flux2Error(f"{checkpoint.name} looks like {what}, not a VAE: {fix}")
 
 
-def _rename(names: dict[str, str]) -> dict[str, str]:
+def vae_rename(names: dict[str, str]) -> dict[str, str]:
     if any(k.startswith(("encoder.", "decoder.")) for k in names):
         return names
     # small_decoder.safetensors: decoder keys without their "decoder." prefix
@@ -274,7 +300,7 @@ VAE_SPEC = ComponentSpec(
     describe=describe_vae,
     prefixes=(VAE_PREFIXES,),
     identify=_identify,
-    rename=_rename,
+    rename=vae_rename,
     keep_float32=("bn.",),
     defaults={"bn.num_batches_tracked": lambda: torch.tensor(0)},
 )

@@ -32,6 +32,7 @@ class VAEConfig:
     norm_groups: int = 32
     has_encoder: bool = True  # False for a decoder-only file
     patch: int = 2  # FLUX.2 patchifies the latent 2x2 (FLUX.1: 1)
+    quant_conv: bool = True  # 1x1 convs after the encoder and before the decoder (FLUX.2; FLUX.1 has none)
 
     def __post_init__(self):
         odd = [w for w in self.encoder_widths + self.decoder_widths if w % self.norm_groups]
@@ -71,7 +72,7 @@ class Encoder(nn.Module):
         self.mid = _mid_block(widths[-1], c.norm_groups)
         self.norm_out = _group_norm(widths[-1], c.norm_groups)
         self.conv_out = nn.Conv2d(widths[-1], 2 * c.z_channels, 3, padding=1)
-        self.quant_conv = nn.Conv2d(2 * c.z_channels, 2 * c.z_channels, 1)
+        self.quant_conv = nn.Conv2d(2 * c.z_channels, 2 * c.z_channels, 1) if c.quant_conv else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.conv_in(x)
@@ -85,7 +86,7 @@ class Decoder(nn.Module):
     def __init__(self, c: VAEConfig):
         super().__init__()
         widths = c.decoder_widths
-        self.post_quant_conv = nn.Conv2d(c.z_channels, c.z_channels, 1)
+        self.post_quant_conv = nn.Conv2d(c.z_channels, c.z_channels, 1) if c.quant_conv else nn.Identity()
         self.conv_in = nn.Conv2d(c.z_channels, widths[-1], 3, padding=1)
         self.mid = _mid_block(widths[-1], c.norm_groups)
         # up.{k} is level k (0 = full resolution); forward runs them from the deepest level to level 0

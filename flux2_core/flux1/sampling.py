@@ -1,0 +1,140 @@
+"""FLUX.1 Fill [dev] sampling: the linear-mu schedule, the Fill denoiser and ``sample_fill``.
+
+One model pass per step with the guidance value embedded (no CFG, no negative prompt). The loop is
+``flow.euler``; noise is ComfyUI's: ``randn([B, 16, H/8, W/8])`` from ``torch.Generator("cpu")`` seeded with
+the seed, in float32, so a seed gives native ComfyUI's image. The timestep goes to the model as float32
+sigma (ComfyUI; BFL and diffusers round it through bfloat16). The result is ComfyUI's FLUX.1 ``LATENT``: the
+raw VAE-space latent [B, 16, H/8, W/8], which native ``VAEDecode`` decodes with ``ae.safetensors``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..configs import FLUX1
+from ..errors import Flux2Error
+from ..flow import StepCallback, euler, make_noise, shifted_sigmas, start_from, truncate
+from ..hooks import before_each, calling
+from ..limits import check_request
+from .config import DEFAULT_GUIDANCE, DEFAULT_STEPS, LATENT_FORMAT, schedule_shift
+from .encoders import FillConditioning
+from .fill import FillInputs, pack_latent, unpack_latent
+from .transformer import Flux1FillModel, image_ids, text_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FillSettings:
+    seed: int
+    steps: int = DEFAULT_STEPS
+    guidance: float = DEFAULT_GUIDANCE
+    batch_size: int = 1
+    denoise: float = 1.0  # below 1: start part-way down the schedule from the (unmasked) image
+
+
+def fill_sigmas(num_steps: int, image_tokens: int) -> torch.Tensor:
+    """[num_steps + 1] sigmas from 1 to 0 with mu linear in the image-token count (BFL ``get_schedule``)."""
+    if num_steps < 1:
+        raise Flux2Error(f"steps is {num_steps}: use at least 1 step")
+    return shifted_sigmas(num_steps, schedule_shift(image_tokens))
+
+
+def check_fill_conditioning(model: Flux1FillModel, positive: FillConditioning) -> None:
+    """The text encoders must give what the DiT reads: T5-XXL (4096) tokens and a CLIP-L (768) vector."""
+    config = model.config
+    got = (positive.t5.shape[-1], positive.pooled.shape[-1])
+    if got != (config.context_in_dim, config.vec_in_dim):
+        raise Flux2Error(
+            f"{model.name} reads {config.context_in_dim}-wide T5 states and a {config.vec_in_dim}-wide CLIP "
+            f"vector, but this conditioning has {got[0]} and {got[1]}: encode the prompt with the T5-XXL and "
+            "CLIP-L text encoders (t5xxl_fp16.safetensors, clip_l.safetensors)"
+        )
+
+
+def fill_memory(model: Flux1FillModel, width: int, height: int, batch_size: int) -> int:
+    """Rough peak bytes of one step's activations beyond the weights (as the FLUX.2 estimate: about 24
+    hidden-wide rows per token, the 12288-wide MLP of the single blocks included)."""
+    itemsize = torch.finfo(model.transformer.dtype).bits // 8
+    tokens = FLUX1.max_text_tokens + (width // 16) * (height // 16)
+    return batch_size * tokens * model.config.hidden_size * 24 * itemsize
+
+
+def sample_fill(
+    model: Flux1FillModel,
+    positive: FillConditioning,
+    fill: FillInputs,
+    settings: FillSettings,
+    callback: StepCallback | None = None,
+    interrupt: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """Fill latents: ComfyUI's FLUX.1 ``LATENT`` [B, 16, H/8, W/8] (raw VAE space), float32 on the CPU.
+
+    ``callback(step, total, x0)`` gets each finished step's predicted clean latent in the model's (scaled)
+    space, [B, 16, H/8, W/8]; ``interrupt`` is called before every block and may raise to stop the run.
+    """
+    width, height = fill.size
+    s = settings
+    check_request(width, height, s.steps, s.guidance, s.seed, s.batch_size)
+    check_fill_conditioning(model, positive)
+    if not 0.0 <= s.denoise <= 1.0 or math.isnan(s.denoise):
+        raise Flux2Error(f"denoise is {s.denoise}: use a value from 0 (keep the image) to 1 (repaint)")
+    if s.denoise < 1.0 and fill.source is None:
+        raise Flux2Error(f"denoise {s.denoise:g} < 1 starts from the image: encode it with the fill inputs")
+    net = model.transformer
+    device = net.device
+    rows, cols = fill.grid
+    sigmas = truncate(fill_sigmas(s.steps, rows * cols).tolist(), s.denoise)
+    noise = pack_latent(make_noise(s.batch_size, height, width, s.seed, FLUX1)).to(device)
+    source = fill.source.to(device).expand_as(noise) if s.denoise < 1.0 else None
+    x = start_from(noise, source, sigmas[0])
+    denoise = FillDenoiser(model, positive, fill, s)
+    report = None
+    if callback is not None:
+        report = lambda step, total, x0: callback(step, total, unpack_latent(x0, fill.grid))  # noqa: E731
+    with before_each(net.blocks(), calling(interrupt)):
+        x = euler(denoise, x, sigmas, report)
+    if not torch.isfinite(x).all():
+        raise Flux2Error(
+            "sampling produced NaN or infinite values: the weights hold NaN/inf (download the file again) or "
+            "the model ran in float16 (use bfloat16 or float32)"
+        )
+    log.info("%s: %dx%d, %d steps, guidance %g, seed %d", model.name, width, height, len(sigmas) - 1,
+             s.guidance, s.seed)  # fmt: skip
+    return LATENT_FORMAT.from_latent(unpack_latent(x, fill.grid)).cpu()
+
+
+class FillDenoiser:
+    """The velocity of one step: noisy tokens | fill tokens -> the DiT, with the embedded guidance."""
+
+    def __init__(self, model: Flux1FillModel, positive: FillConditioning, fill: FillInputs, s: FillSettings):
+        self.net = model.transformer
+        device, dtype = self.net.device, self.net.dtype
+        batch = s.batch_size
+        self.ctx = _batch(positive.t5, batch, "prompts").to(device, dtype)
+        self.pooled = _batch(positive.pooled, batch, "prompts").to(device, dtype)
+        self.cond = _batch(fill.tokens, batch, "masked images").to(device, dtype)
+        self.ctx_ids, self.x_ids = text_ids(self.ctx.shape[1]), image_ids(*fill.grid)
+        self.guidance = torch.full((batch,), s.guidance, dtype=torch.float32)
+
+    def __call__(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
+        t = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
+        with torch.inference_mode():
+            tokens = torch.cat([x.to(self.cond.dtype), self.cond], dim=-1)
+            v = self.net(tokens, self.x_ids, t, self.ctx, self.ctx_ids, self.pooled, self.guidance)
+        return v.float()
+
+
+def _batch(tensor: torch.Tensor, batch_size: int, what: str) -> torch.Tensor:
+    if tensor.shape[0] == batch_size:
+        return tensor
+    if tensor.shape[0] == 1:
+        return tensor.expand(batch_size, *tensor.shape[1:])
+    raise Flux2Error(
+        f"{tensor.shape[0]} {what} for a batch of {batch_size}: give one, or as many as the batch size"
+    )

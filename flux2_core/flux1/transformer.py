@@ -1,0 +1,133 @@
+"""The FLUX.1 Fill [dev] DiT, with BFL checkpoint names (``Flux`` of BFL's ``model.py``).
+
+Inputs of ``forward``:
+    x       [B, N, 384]  packed tokens: noisy latent (64) | masked-image latent (64) | mask (256)
+    x_ids   [N, 3]       (0, row, col) per token          t        [B]  sigma in [0, 1] (1 = noise)
+    ctx     [B, L, 4096] T5-XXL hidden states             ctx_ids  [L, 3], all zeros
+    y       [B, 768]     CLIP-L pooled output              guidance [B]  the embedded guidance (about 30)
+Output: the velocity of the noisy latent, [B, N, 64] (v = noise - x0).
+
+Against FLUX.2 (``..transformer``): every block has its own modulation, every linear layer a bias, the MLPs
+are tanh GELU with ratio 4, ``vec`` adds the guidance and the CLIP pooled vector to the timestep, and RoPE has
+three axes (16, 56, 56) with theta 10000. The blocks are FLUX.2's, built with those options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import Flux2Error
+from ..layers import (
+    DoubleStreamBlock,
+    LastLayer,
+    MLPEmbedder,
+    Modulation,
+    SingleStreamBlock,
+    TanhGELU,
+    timestep_embedding,
+)
+from ..ops import Linear
+from ..rope import cached_rotation
+from .config import Flux1Config
+
+
+class Flux1DoubleBlock(DoubleStreamBlock):
+    """FLUX.2's double block with FLUX.1's options, plus its own ``img_mod`` / ``txt_mod``."""
+
+    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int):
+        super().__init__(hidden, num_heads, mlp_hidden, act=TanhGELU, bias=True)
+        self.img_mod = Modulation(hidden, double=True, bias=True)
+        self.txt_mod = Modulation(hidden, double=True, bias=True)
+
+    def forward(self, img, txt, vec, pe):
+        return super().forward(img, txt, self.img_mod(vec), self.txt_mod(vec), pe)
+
+
+class Flux1SingleBlock(SingleStreamBlock):
+    """FLUX.2's single block with FLUX.1's options, plus its own ``modulation``."""
+
+    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int):
+        super().__init__(hidden, num_heads, mlp_hidden, act=TanhGELU, bias=True)
+        self.modulation = Modulation(hidden, double=False, bias=True)
+
+    def forward(self, x, vec, pe, num_txt):
+        return super().forward(x, self.modulation(vec)[0], pe, num_txt)
+
+
+class Flux1Transformer(nn.Module):
+    def __init__(self, config: Flux1Config):
+        super().__init__()
+        self.config = config
+        hidden, heads, mlp = config.hidden_size, config.num_heads, config.mlp_hidden_dim
+        self.img_in = Linear(config.in_channels, hidden, bias=True)
+        self.time_in = MLPEmbedder(256, hidden, bias=True)
+        self.vector_in = MLPEmbedder(config.vec_in_dim, hidden, bias=True)
+        if config.guidance_embed:
+            self.guidance_in = MLPEmbedder(256, hidden, bias=True)
+        self.txt_in = Linear(config.context_in_dim, hidden, bias=True)
+        self.double_blocks = nn.ModuleList(Flux1DoubleBlock(hidden, heads, mlp) for _ in range(config.depth))
+        self.single_blocks = nn.ModuleList(
+            Flux1SingleBlock(hidden, heads, mlp) for _ in range(config.depth_single_blocks)
+        )
+        self.final_layer = LastLayer(hidden, config.out_channels, bias=True)
+        self._rope_cache: dict[tuple, torch.Tensor] = {}
+        self.compute_dtype: torch.dtype | None = None  # set by the loader: quantised weights are not it
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.compute_dtype or self.img_in.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.img_in.weight.device
+
+    def blocks(self) -> list[nn.Module]:
+        """Every block in the order they run (for per-block hooks)."""
+        return [*self.double_blocks, *self.single_blocks]
+
+    def forward(self, x, x_ids, t, ctx, ctx_ids, y, guidance=None):
+        dtype = x.dtype
+        vec = self.time_in(timestep_embedding(t).to(dtype)) + self.vector_in(y.to(dtype))
+        if self.config.guidance_embed:
+            if guidance is None:
+                raise Flux2Error("FLUX.1 [dev] models embed a guidance value: give one (about 30 for Fill)")
+            # 1000 * g is formed in the compute dtype, as BFL and diffusers do (g = 30: 29952 in bfloat16)
+            scaled = guidance.to(x.device, dtype) * 1000
+            vec = vec + self.guidance_in(timestep_embedding(scaled, factor=1.0).to(dtype))
+        pe = self._rope(torch.cat([ctx_ids, x_ids]), x.device)
+        img, txt = self.img_in(x), self.txt_in(ctx.to(dtype))
+        for block in self.double_blocks:
+            img, txt = block(img, txt, vec, pe)
+        num_txt = txt.shape[1]
+        h = torch.cat([txt, img], dim=1)
+        for block in self.single_blocks:
+            h = block(h, vec, pe, num_txt=num_txt)
+        return self.final_layer(h[:, num_txt:], vec)
+
+    def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return cached_rotation(self._rope_cache, ids, self.config.axes_dim, self.config.theta, device)
+
+
+@dataclass
+class Flux1FillModel:
+    """A loaded FLUX.1 Fill DiT and the name of its shape."""
+
+    transformer: Flux1Transformer
+    name: str  # "FLUX.1 Fill [dev]" or a description of another shape
+
+    @property
+    def config(self) -> Flux1Config:
+        return self.transformer.config
+
+
+def image_ids(height: int, width: int) -> torch.Tensor:
+    """[height * width, 3]: (0, row, col) for a grid of ``height x width`` tokens, row-major."""
+    return torch.cartesian_prod(torch.tensor([0]), torch.arange(height), torch.arange(width)).to(torch.int64)
+
+
+def text_ids(length: int) -> torch.Tensor:
+    """[length, 3] zeros: FLUX.1 gives every text token the same position."""
+    return torch.zeros(length, 3, dtype=torch.int64)
