@@ -1,4 +1,5 @@
-"""FLUX.2 [klein] in plain PyTorch: DiT, VAE, Qwen3 text conditioning, references, KV cache, sampler, loaders.
+"""FLUX.2 [klein] in plain PyTorch: DiT, VAE, Qwen3 text conditioning, references, KV cache, sampler, loaders;
+FLUX.1 Fill [dev] beside it (``flux1``).
 
 Self-contained (it never imports ComfyUI). A text-to-image run::
 
@@ -14,11 +15,25 @@ pipeline), ``flow`` (the sampling loop), ``sampling`` (the klein denoiser), ``ho
 ``quant`` and ``gguf_*`` (quantised files), ``lora*`` (LoRAs of every common layout, at compute time).
 """
 
-from .configs import FLUX2, KLEIN_4B, KLEIN_9B, KLEIN_VARIANTS, VARIANTS, Family, Flux2Config, Variant
+from .configs import FLUX1, FLUX2, KLEIN_4B, KLEIN_9B, KLEIN_VARIANTS, VARIANTS, Family, Flux2Config, Variant
 from .dit_files import load_transformer
 from .editing import Stitch, composite, latent_mask, outpaint_canvas, prepare_inpaint
 from .errors import Flux2Error
 from .flow import make_noise
+from .flux1 import (
+    FillConditioning,
+    FillInputs,
+    FillSettings,
+    FillTextEncoder,
+    Flux1AutoEncoder,
+    Flux1FillModel,
+    fill_inputs,
+    fill_memory,
+    load_fill_text_encoder,
+    load_fill_transformer,
+    load_flux1_vae,
+    sample_fill,
+)
 from .kv_cache import RefKVCache
 from .kv_store import RefKVStore
 from .limits import (
@@ -57,6 +72,7 @@ from .vae import AutoEncoder, load_vae
 
 __all__ = [
     "FIT_MODES",
+    "FLUX1",
     "FLUX2",
     "MAX_BATCH",
     "MAX_GUIDANCE",
@@ -71,6 +87,12 @@ __all__ = [
     "VARIANTS",
     "AutoEncoder",
     "Family",
+    "FillConditioning",
+    "FillInputs",
+    "FillSettings",
+    "FillTextEncoder",
+    "Flux1AutoEncoder",
+    "Flux1FillModel",
     "Flux2Config",
     "Flux2Error",
     "Flux2Model",
@@ -93,8 +115,13 @@ __all__ = [
     "disable_streaming",
     "enable_streaming",
     "estimate_memory",
+    "fill_inputs",
+    "fill_memory",
     "get_sigmas",
     "latent_mask",
+    "load_fill_text_encoder",
+    "load_fill_transformer",
+    "load_flux1_vae",
     "load_text_encoder",
     "load_transformer",
     "load_vae",
@@ -108,6 +135,7 @@ __all__ = [
     "processed_size",
     "read_lora",
     "sample",
+    "sample_fill",
     "settings_numbers",
     "streamer_of",
 ]

@@ -114,7 +114,9 @@ class Flux2Transformer(nn.Module):
                 raise Flux2Error(
                     "this model embeds the guidance value (FLUX.2 [dev]): give a guidance value (about 4)"
                 )
-            vec = vec + self.guidance_in(timestep_embedding(guidance.to(t.device)).to(dtype))
+            # 1000 * g is formed in the compute dtype, as BFL and diffusers do (g = 2.5: 2496 in bfloat16)
+            scaled = guidance.to(t.device, dtype) * 1000
+            vec = vec + self.guidance_in(timestep_embedding(scaled, factor=1.0).to(dtype))
         return vec
 
     def _mods(self, vec: torch.Tensor):
