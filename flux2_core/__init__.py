@@ -38,6 +38,7 @@ from .kv_cache import RefKVCache
 from .kv_store import RefKVStore
 from .limits import (
     MAX_BATCH,
+    MAX_FILL_GUIDANCE,
     MAX_GUIDANCE,
     MAX_SEED,
     MAX_SIZE,
@@ -75,6 +76,7 @@ __all__ = [
     "FLUX1",
     "FLUX2",
     "MAX_BATCH",
+    "MAX_FILL_GUIDANCE",
     "MAX_GUIDANCE",
     "MAX_SEED",
     "MAX_SIZE",

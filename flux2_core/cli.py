@@ -10,16 +10,15 @@ model's reference K/V are computed once for all of them. With a batch, ``OUT.png
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from . import cli_inputs as inputs
+from .cli_edit import IMG2IMG_STRENGTH, composite_pixels, encode_edit, prepare_edit
 from .configs import FLUX2, KLEIN_VARIANTS
 from .errors import Flux2Error
 from .hub import DEFAULT_MODEL
@@ -31,14 +30,11 @@ log = logging.getLogger("flux2_core")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_OUTPUT = "flux2-klein.png"
 VAE_TILE_OVERLAP = 64  # pixels shared by neighbouring VAE tiles, blended (a quarter of smaller tiles)
-# --image without a mask: 1.0 would ignore the image; 0.75 skips the first of 4 steps (steps skipped:
-# int(steps - steps * strength), diffusers' rule, so with 4 steps anything above 0.75 skips none)
-IMG2IMG_STRENGTH = 0.75
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m flux2_core", description="FLUX.2 [klein] image generation"
+        prog="python -m flux2_core", description="FLUX.2 [klein] and FLUX.1 Fill [dev] image generation"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="text-to-image, editing, img2img, inpaint and outpaint")
@@ -46,10 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=DEFAULT_MODEL, help=f"DiT: {where}; default {DEFAULT_MODEL}")
     gen.add_argument(
         "--text-encoder",
+        action="append",
         default=None,
         help=f"Qwen3 text encoder: {where}; default: the model's repo if it has one, else the official "
-        "repo that pairs with the model (klein 4B: Qwen3-4B, klein 9B: Qwen3-8B)",
+        "repo that pairs with the model (klein 4B: Qwen3-4B, klein 9B: Qwen3-8B). FLUX.1 Fill [dev] takes "
+        "two, in any order: T5-XXL and CLIP-L",
     )
+    gen.add_argument(
+        "--tokenizer", action="append", default=None, metavar="DIR",
+        help="FLUX.1 Fill: a T5 or CLIP tokenizer folder (HF layout); repeat for both. Default: diffusers' "
+        "tokenizer/ and tokenizer_2/ beside the text encoders",
+    )  # fmt: skip
     gen.add_argument("--vae", default=None, help=f"FLUX.2 VAE: {where}; default: as for --text-encoder")
     gen.add_argument("--prompt", action="append", required=True, help="repeat for one output per prompt")
     gen.add_argument(
@@ -73,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-composite", action="store_true", help="save the raw decoded inpaint, no composite")
     gen.add_argument("--width", type=int, default=None, help="default: first reference's size, else 1024")
     gen.add_argument("--height", type=int, default=None)
-    gen.add_argument("--steps", type=int, default=None, help="default: 4 distilled / kv, 50 base")
-    gen.add_argument("--guidance", type=float, default=None, help="default: 1.0 distilled / kv, 4.0 base")
+    gen.add_argument("--steps", type=int, default=None, help="default: 4 distilled / kv, 50 base and Fill")
+    gen.add_argument(
+        "--guidance", type=float, default=None, help="default: 1.0 distilled / kv, 4.0 base, 30 FLUX.1 Fill"
+    )
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--batch-size", type=int, default=1)
     gen.add_argument("--variant", default="auto", choices=["auto", *KLEIN_VARIANTS])
@@ -135,22 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-@dataclass
-class Edit:
-    """What --image (with --mask or --outpaint) asks for, prepared before any model is loaded."""
-
-    pixels: object  # the image to encode: PIL image or float tensor [H, W, 3]
-    size: tuple[int, int]  # (width, height) sampled
-    strength: float
-    max_pixels: int  # the pixel cap it is encoded with
-    mask: torch.Tensor | None = None  # [h, w] at the sampled size: inpaint
-    stitch: object = None  # editing.Stitch for the composite
-
-
 def generate(args: argparse.Namespace) -> list[Path]:
     from .configs import describe
     from .dit_files import DIT_SPEC, load_transformer, transformer_variant
-    from .limits import check_request, check_seed
+    from .flux1.cli_fill import check_fill_args, generate_fill, is_flux1_model
+    from .limits import MAX_FILL_GUIDANCE, MAX_GUIDANCE, check_request, check_seed
     from .lora import prepare_lora
     from .references import MAX_REFERENCE_PIXELS, encode_references, processed_size
     from .sampling import SampleSettings, check_conditioning, check_text_width, output_size, settings_numbers
@@ -161,6 +155,15 @@ def generate(args: argparse.Namespace) -> list[Path]:
     from .vae_tiling import check_tiling
 
     # 1. Everything that can be checked without reading a weight, before any model is loaded.
+    fill = is_flux1_model(args.model)  # FLUX.1 Fill [dev]: its own run (flux1/cli_fill.py)
+    if fill:
+        check_fill_args(args)
+    elif args.text_encoder and len(args.text_encoder) > 1:
+        raise Flux2Error(
+            "FLUX.2 [klein] takes one --text-encoder (Qwen3); two (T5-XXL, CLIP-L) are for FLUX.1 Fill [dev]"
+        )
+    else:
+        args = argparse.Namespace(**{**vars(args), "text_encoder": (args.text_encoder or [None])[0]})
     device = inputs.device_for(args.device)
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if device.type == "cpu" else torch.bfloat16)
     output = inputs.check_output(Path(args.output))
@@ -183,14 +186,18 @@ def generate(args: argparse.Namespace) -> list[Path]:
         1.0 if args.guidance is None else args.guidance,
         args.seed,
         args.batch_size,
+        MAX_FILL_GUIDANCE if fill else MAX_GUIDANCE,
     )
     max_pixels = args.reference_max_pixels or MAX_REFERENCE_PIXELS
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
-    edit = _edit(args, max_pixels)
+    edit = prepare_edit(args, max_pixels)
     loras = inputs.read_loras(args.lora)
     overlap = VAE_TILE_OVERLAP if args.vae_tile <= 0 else min(VAE_TILE_OVERLAP, args.vae_tile // 64 * 16)
     check_tiling(args.vae_tile, overlap, FLUX2.size_multiple)
+    tiles = {"tile_size": args.vae_tile, "tile_overlap": overlap}
+    if fill:
+        return generate_fill(args, edit, device, dtype, output, tiles, composite_pixels)
     if args.resident_mb < 0:
         raise Flux2Error(f"--resident-mb {args.resident_mb} is negative: give 0 (stream every block) or more")
     width, height = output_size(args.width, args.height, edit.size if edit else (sizes[0] if sizes else None))
@@ -231,13 +238,12 @@ def generate(args: argparse.Namespace) -> list[Path]:
     with torch.inference_mode():
         conditioning = encoder.encode(texts).cpu()
     del encoder
-    _release(device)
+    inputs.release(device)
 
     # 3. References and the image to edit, sampling once per prompt, decoding, compositing.
     vae = load_vae(vae_path, dtype=torch.float32, device=device)
-    tiles = {"tile_size": args.vae_tile, "tile_overlap": overlap}
     references = encode_references(vae, images, max_pixels, **tiles) if images else None
-    start, mask, references = _encode_edit(vae, edit, references, (height // 16, width // 16), tiles)
+    start, mask, references = encode_edit(vae, edit, references, (height // 16, width // 16), tiles)
     if args.offload == "stream":
         enable_streaming(model.transformer, device, resident_bytes=args.resident_mb * 2**20)
     else:
@@ -270,13 +276,13 @@ def generate(args: argparse.Namespace) -> list[Path]:
     if args.offload == "stream":
         disable_streaming(model.transformer)  # back on the CPU, as loaded
     model.transformer.to("cpu")
-    _release(device)
+    inputs.release(device)
     outputs = []
     for latents in results:
         with torch.inference_mode():
             pixels = torch.cat([vae.decode(item.to(device), **tiles).cpu() for item in latents.split(1)])
         if edit is not None and edit.stitch is not None and not args.no_composite:
-            pixels = _composite(pixels, edit.stitch, args.mask_feather)
+            pixels = composite_pixels(pixels, edit.stitch, args.mask_feather)
         outputs.append(pixels)
     return inputs.save_images(outputs, output)
 
@@ -296,85 +302,6 @@ def _sample(model, positive, settings, negative, references, bar, start, edit, m
         mask=mask,
         kv_cache=kv_cache,
     )
-
-
-def _edit(args: argparse.Namespace, max_pixels: int) -> Edit | None:
-    """--image, --mask, --outpaint and --strength, checked and prepared (nothing is encoded yet)."""
-    from .editing import outpaint_canvas, prepare_inpaint
-    from .references import processed_size
-
-    if args.image is None:
-        if args.mask or args.outpaint:
-            raise Flux2Error("--mask and --outpaint work on an image: give it with --image")
-        if args.strength is not None:
-            raise Flux2Error("--strength needs an image to start from: give it with --image")
-        return None
-    if args.strength is not None and not 0.0 <= args.strength <= 1.0:
-        raise Flux2Error(
-            f"strength (denoise) is {args.strength}: use a value from 0 (keep the image) to 1 (repaint)"
-        )
-    if args.width is not None or args.height is not None:
-        raise Flux2Error("--width/--height do not apply with --image: the output takes the image's size")
-    image = inputs.open_image(args.image)
-    if args.mask is None and args.outpaint is None:
-        strength = IMG2IMG_STRENGTH if args.strength is None else args.strength
-        return Edit(image, processed_size(*inputs.image_size(image), max_pixels), strength, max_pixels)
-    pixels = inputs.as_tensor(image)
-    if args.outpaint is not None:
-        if args.mask is not None:
-            raise Flux2Error("give --mask or --outpaint, not both")
-        # at least a 1 px fade, so the composite keeps the new area wholly painted
-        pixels, mask = outpaint_canvas(pixels, *_sides(args.outpaint), feather=max(1, args.mask_feather))
-    else:
-        mask = inputs.open_mask(args.mask, (pixels.shape[1], pixels.shape[0]))
-    crop, crop_mask, stitch = prepare_inpaint(pixels, mask, max_pixels=max_pixels)
-    strength = 1.0 if args.strength is None else args.strength
-    size = (crop.shape[1], crop.shape[0])
-    return Edit(crop, size, strength, size[0] * size[1], crop_mask, stitch)
-
-
-def _encode_edit(vae, edit: Edit | None, references, grid, tiles: dict):
-    """(start latent, packed mask, references): an inpaint's source is also its first reference."""
-    from .editing import latent_mask
-    from .references import ReferenceLatents, prepare_reference
-
-    if edit is None:
-        return None, None, references
-    # img2img: capped and cropped as references are; inpaint: the prepared crop, already at its size
-    start = vae.encode(prepare_reference(edit.pixels, edit.max_pixels), **tiles).float().cpu()
-    if tuple(start.shape[-2:]) != grid:  # cannot happen: the output size is the encoded image's
-        raise Flux2Error(
-            f"the image encodes to a {start.shape[-1]}x{start.shape[-2]} latent grid, not {grid[1]}x{grid[0]}"
-        )
-    if edit.mask is None:
-        return start, None, references
-    source = ReferenceLatents.from_latents([start])
-    references = source if references is None else source + references
-    return start, latent_mask(edit.mask, grid), references
-
-
-def _composite(pixels: torch.Tensor, stitch, feather: int) -> torch.Tensor:
-    """Decoded [B, 3, h, w] in -1..1 -> composited over the original, [B, 3, H, W] in -1..1."""
-    from .editing import composite
-
-    images = [composite(((p + 1) / 2).clamp(0, 1).permute(1, 2, 0), stitch, feather) for p in pixels]
-    return torch.stack([img.permute(2, 0, 1) * 2 - 1 for img in images])
-
-
-def _sides(text: str) -> tuple[int, int, int, int]:
-    try:
-        sides = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        sides = ()
-    if len(sides) != 4:
-        raise Flux2Error(f"--outpaint {text!r}: give LEFT,TOP,RIGHT,BOTTOM in pixels, e.g. 0,0,256,0")
-    return sides
-
-
-def _release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

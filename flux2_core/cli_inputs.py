@@ -5,6 +5,7 @@ run needs; and the images it writes (complete or not at all)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 from pathlib import Path
@@ -98,6 +99,13 @@ def check_output(output: Path) -> Path:
     if not os.access(output.parent, os.W_OK):
         raise Flux2Error(f"the output folder {output.parent} is not writable: choose another --output")
     return output
+
+
+def release(device: torch.device) -> None:
+    """Give freed memory back: Python's garbage, and the CUDA allocator's cache."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def check_memory(device: torch.device, dit: int, text_encoder: int, activations: int, what: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, tensor_shape
 from .configs import VARIANTS, Flux2Config, Variant, check_variant, describe, get_variant
 from .errors import Flux2Error
 from .keymaps import DIT, DIT_PREFIXES
@@ -127,13 +127,12 @@ def identify_flux2(names: dict[str, str], checkpoint: Checkpoint) -> None:
                 f"{name} has bias tensors, which no FLUX.2 DiT has: the file is not a FLUX.2 model"
             )
         return
-    if any(k.startswith("double_blocks.0.img_mod.") for k in keys) or "vector_in.in_layer.weight" in keys:
-        raise Flux2Error(
-            f"{name} is a FLUX.1 model (per-block modulation): this pack runs FLUX.2 [klein]; "
-            "load flux-2-klein-4b / -9b / -base / -9b-kv .safetensors instead"
-        )
+    if any(_FLUX1_KEYS.match(k) for k in keys):
+        raise Flux2Error(_flux1_message(names, checkpoint))
     if any(k.startswith(("model.layers.", "layers.")) for k in keys):
         kind = "a text encoder (Qwen3/LLM weights)"
+    elif any(k.startswith(("encoder.block.", "shared.", "text_model.")) for k in keys):
+        kind = "a FLUX.1 text encoder (T5-XXL or CLIP-L)"
     elif any(k.startswith(("encoder.", "decoder.")) for k in keys):
         kind = "a VAE"
     else:
@@ -141,6 +140,30 @@ def identify_flux2(names: dict[str, str], checkpoint: Checkpoint) -> None:
     raise Flux2Error(
         f"{name} is {kind}, not a FLUX.2 [klein] diffusion model: choose the flux-2-klein-*.safetensors file "
         "(ComfyUI folder models/diffusion_models)"
+    )
+
+
+# FLUX.1 names (BFL and diffusers): per-block modulation and the pooled-text embedder, which FLUX.2 lacks.
+_FLUX1_KEYS = re.compile(
+    r"double_blocks\.\d+\.img_mod\.|vector_in\.|transformer_blocks\.\d+\.norm1\.linear\."
+)
+_FLUX1_KINDS = {128: "FLUX.1 Canny / Depth [dev]", 64: "FLUX.1 [dev] / [schnell] / Kontext"}  # by input width
+
+
+def _flux1_message(names: dict[str, str], checkpoint: Checkpoint) -> str:
+    """What a FLUX.1 file given to the FLUX.2 loader is (by its input width), and where it goes instead."""
+    stored = names.get("img_in.weight", names.get("x_embedder.weight"))
+    width = tensor_shape(checkpoint.tensors, stored)[-1] if stored is not None else None
+    if width == 384:
+        return (
+            f"{checkpoint.name} is FLUX.1 Fill [dev] (a FLUX.1 model, per-block modulation), not FLUX.2: "
+            "load it with the FLUX.1 Fill [dev] Model Loader node (the command line detects it by itself); "
+            "this loader takes FLUX.2 files (flux-2-klein-4b / -9b / -base / -9b-kv .safetensors)"
+        )
+    return (
+        f"{checkpoint.name} is {_FLUX1_KINDS.get(width, 'a FLUX.1 model')} (a FLUX.1 model, per-block "
+        "modulation), which this pack does not run: it runs FLUX.2 [klein] (flux-2-klein-*.safetensors, "
+        "here) and FLUX.1 Fill [dev] (flux1-fill-dev.safetensors, with the FLUX.1 Fill model loader)"
     )
 
 

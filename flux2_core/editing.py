@@ -25,6 +25,7 @@ from .flow import Blend
 from .limits import MAX_SIZE
 
 MAX_UPSCALE = 4.0  # crop-to-mask enlarges a small box at most this much
+SNAP = 1.5 / 255  # mask values this close to 0 or 1 count as 0 or 1 in the composite
 
 
 def latent_mask(mask: torch.Tensor, grid: tuple[int, int], batch: int | None = None) -> torch.Tensor:
@@ -169,6 +170,9 @@ def blend_weight(mask: torch.Tensor, feather: int) -> torch.Tensor:
     original) as it is, so the canvas's placeholder never shows. Exactly 0 wherever the mask is 0: those
     pixels stay the original's."""
     soft = mask.float().clamp(0, 1)
+    # one 8-bit step from white or black is white or black: ComfyUI reads a white PNG mask as 0.996, which
+    # must not let 0.4 % of the original show through, nor pass for a fading mask
+    soft = torch.where(soft >= 1 - SNAP, 1.0, torch.where(soft <= SNAP, 0.0, soft))
     if feather <= 0 or bool(((soft > 0) & (soft < 1)).any()):
         return soft  # a mask that fades already (Outpaint Pad's, a soft brush) blends as it is
     return feather_inward(soft, feather)

@@ -21,6 +21,7 @@ MAX_SIZE = 8192
 MAX_STEPS = 200
 MAX_BATCH = 64
 MAX_GUIDANCE = 30.0
+MAX_FILL_GUIDANCE = 100.0  # FLUX.1 Fill's embedded guidance (30 by default); native FluxGuidance's range
 MAX_SEED = 2**64 - 1
 GB = 1024**3
 
@@ -38,19 +39,28 @@ def check_size(width: int, height: int) -> None:
             )
 
 
-def check_request(width: int, height: int, steps: int, guidance: float, seed: int, batch_size: int) -> None:
+def check_request(
+    width: int,
+    height: int,
+    steps: int,
+    guidance: float,
+    seed: int,
+    batch_size: int,
+    max_guidance: float = MAX_GUIDANCE,
+) -> None:
     """Every number of a sampling request, with the limit and what to change in the message."""
     check_size(width, height)
     if not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         raise Flux2Error(
-            f"steps is {steps}: use 1 to {MAX_STEPS} steps (4 for distilled models, ~50 for base)"
+            f"steps is {steps}: use 1 to {MAX_STEPS} steps (4 for distilled klein models, ~50 for base, "
+            "dev and FLUX.1 Fill)"
         )
     if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
         raise Flux2Error(f"batch size is {batch_size}: use 1 to {MAX_BATCH} images per run")
-    if not _is_number(guidance) or not math.isfinite(guidance) or not 0.0 <= guidance <= MAX_GUIDANCE:
+    if not _is_number(guidance) or not math.isfinite(guidance) or not 0.0 <= guidance <= max_guidance:
         raise Flux2Error(
-            f"guidance is {guidance}: use a number from 0 to {MAX_GUIDANCE:g} (about 4 for base models, "
-            "1 for distilled and KV models)"
+            f"guidance is {guidance}: use a number from 0 to {max_guidance:g} (about 4 for base and dev "
+            "models, 1 for distilled and KV models, 30 for FLUX.1 Fill)"
         )
     check_seed(seed)
 

@@ -2,6 +2,8 @@
 
 from .decode import Flux2KleinDecode
 from .editing import Flux2KleinComposite, Flux2KleinEncode, Flux2KleinInpaintPrepare, Flux2KleinOutpaintPad
+from .fill import Flux1FillDecode, Flux1FillSampler, Flux1FillTextEncode
+from .fill_loaders import Flux1FillModelLoader, Flux1FillTextEncoderLoader, Flux1FillVAELoader
 from .loaders import Flux2KleinModelLoader, Flux2KleinTextEncoderLoader, Flux2KleinVAELoader
 from .lora import Flux2KleinLoraLoader
 from .reference_encode import Flux2KleinReferenceEncode
@@ -21,6 +23,12 @@ NODE_CLASS_MAPPINGS = {
     "Flux2KleinComposite": Flux2KleinComposite,
     "Flux2KleinOutpaintPad": Flux2KleinOutpaintPad,
     "Flux2KleinLoraLoader": Flux2KleinLoraLoader,
+    "Flux1FillModelLoader": Flux1FillModelLoader,
+    "Flux1FillTextEncoderLoader": Flux1FillTextEncoderLoader,
+    "Flux1FillVAELoader": Flux1FillVAELoader,
+    "Flux1FillTextEncode": Flux1FillTextEncode,
+    "Flux1FillSampler": Flux1FillSampler,
+    "Flux1FillDecode": Flux1FillDecode,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -36,6 +44,12 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Flux2KleinComposite": "FLUX.2 [klein] Composite",
     "Flux2KleinOutpaintPad": "FLUX.2 [klein] Outpaint Pad",
     "Flux2KleinLoraLoader": "FLUX.2 [klein] LoRA Loader",
+    "Flux1FillModelLoader": "FLUX.1 Fill [dev] Model Loader",
+    "Flux1FillTextEncoderLoader": "FLUX.1 Fill [dev] Text Encoder Loader",
+    "Flux1FillVAELoader": "FLUX.1 Fill [dev] VAE Loader",
+    "Flux1FillTextEncode": "FLUX.1 Fill [dev] Text Encode",
+    "Flux1FillSampler": "FLUX.1 Fill [dev] Sampler",
+    "Flux1FillDecode": "FLUX.1 Fill [dev] Decode",
 }
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

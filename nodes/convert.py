@@ -2,14 +2,15 @@
 
 IMAGE is [B, H, W, C] float in 0..1 (channels last); the core takes reference images as [H, W, 3] in 0..1 and
 its VAE gives pixels [B, 3, H, W] in about -1..1. LATENT is ``{"samples": [B, 128, H/16, W/16]}``, the same
-BN-normalised layout as native FLUX.2 latents (EmptyFlux2LatentImage, VAEEncode of the FLUX.2 VAE).
+BN-normalised layout as native FLUX.2 latents (EmptyFlux2LatentImage, VAEEncode of the FLUX.2 VAE); a
+FLUX.1 Fill LATENT is native FLUX.1's, ``{"samples": [B, 16, H/8, W/8]}``, the raw VAE mean.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..flux2_core import FLUX2, Flux2Error, ReferenceLatents
+from ..flux2_core import FLUX1, FLUX2, Flux2Error, ReferenceLatents
 from ..flux2_core import output_size as core_output_size
 
 
@@ -36,6 +37,24 @@ def latent_samples(latent: dict) -> torch.Tensor:
             "width/16]: make it with EmptyFlux2LatentImage or the FLUX.2 VAE"
         )
     return samples
+
+
+def fill_latent_samples(latent: dict) -> torch.Tensor:
+    """The [B, 16, h, w] tensor of a FLUX.1 LATENT, or a clear error for a FLUX.2 / SD / video latent."""
+    samples = latent.get("samples") if isinstance(latent, dict) else None
+    channels = FLUX1.noise_channels
+    if not isinstance(samples, torch.Tensor) or samples.ndim != 4 or samples.shape[1] != channels:
+        shape = list(samples.shape) if isinstance(samples, torch.Tensor) else type(samples).__name__
+        raise Flux2Error(
+            f"the latent has shape {shape}, not a FLUX.1 latent [batch, {channels}, height/8, width/8]: "
+            "connect the FLUX.1 Fill [dev] Sampler's latent (or native VAE Encode with ae.safetensors)"
+        )
+    return samples
+
+
+def image_to_pixels(image: torch.Tensor) -> torch.Tensor:
+    """One image [H, W, 3] in 0..1 -> VAE pixels [1, 3, H, W] in -1..1."""
+    return (image.float() * 2.0 - 1.0).permute(2, 0, 1)[None].contiguous()
 
 
 def output_size(

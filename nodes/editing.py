@@ -139,8 +139,13 @@ class Flux2KleinComposite:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "image": socket(types.IMAGE, "The decoded inpaint result (FLUX.2 [klein] Decode)."),
-                "stitch": socket(types.STITCH, "From FLUX.2 [klein] Inpaint Prepare."),
+                "image": socket(
+                    types.IMAGE,
+                    "The decoded inpaint result (FLUX.2 [klein] Decode or FLUX.1 Fill [dev] Decode).",
+                ),
+                "stitch": socket(
+                    types.STITCH, "From FLUX.2 [klein] Inpaint Prepare or FLUX.1 Fill [dev] Sampler."
+                ),
                 "feather": socket(
                     "INT", "Blend width in pixels, inside the mask.", default=8, min=0, max=256
                 ),
@@ -156,7 +161,7 @@ class Flux2KleinOutpaintPad:
     DESCRIPTION = (
         "Adds space around an image for outpainting: the new area is grey and masked for repainting, the "
         "mask fading into the original's edge over feather pixels. Feed both to FLUX.2 [klein] Inpaint "
-        "Prepare."
+        "Prepare or to the FLUX.1 Fill [dev] Sampler."
     )
     CATEGORY = "flux2_klein/inpaint"
     RETURN_TYPES = (types.IMAGE, types.MASK)

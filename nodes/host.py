@@ -12,6 +12,7 @@ torch layers on the offload device otherwise.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -168,16 +169,20 @@ def check_interrupt() -> None:
     mm.throw_exception_if_processing_interrupted()
 
 
-def step_reporter(steps: int):
+def step_reporter(steps: int, latent_format: str = "Flux2"):
     """A core sampling callback ``(step, total, x0)``: stops on cancel, advances the progress bar and sends
-    a live preview of the predicted latent, decoded like a native FLUX.2 latent (none if previews are off)."""
+    a live preview of the predicted latent (none if previews are off), decoded as the native latent format
+    named ``latent_format`` in ``comfy.latent_formats`` ("Flux2"; "Flux" for FLUX.1, whose x0 is the
+    model-space latent [B, 16, H/8, W/8])."""
     import comfy.latent_formats
     import comfy.model_management as mm
     import comfy.utils
     import latent_preview
 
     bar = comfy.utils.ProgressBar(steps)
-    previewer = latent_preview.get_previewer(mm.get_torch_device(), comfy.latent_formats.Flux2())
+    previewer = latent_preview.get_previewer(
+        mm.get_torch_device(), getattr(comfy.latent_formats, latent_format)()
+    )
 
     def report(step: int, total: int, x0: torch.Tensor) -> None:
         check_interrupt()
@@ -187,3 +192,15 @@ def step_reporter(steps: int):
         bar.update_absolute(step, total, preview)
 
     return report
+
+
+def tokenizer_folders() -> list[str]:
+    """The host's own CLIP-L and T5 tokenizer folders (``comfy/sd1_tokenizer``,
+    ``comfy/text_encoders/t5_tokenizer``), for FLUX.1's text encoders, whose weight files carry none.
+
+    ``comfy`` is a namespace package (no ``__init__.py``, so no ``__file__``): the folder is found from one
+    of its modules, as ComfyUI's own text encoders find these folders from theirs."""
+    import comfy.model_management as mm
+
+    root = os.path.dirname(os.path.realpath(mm.__file__))
+    return [os.path.join(root, "sd1_tokenizer"), os.path.join(root, "text_encoders", "t5_tokenizer")]

@@ -2,9 +2,10 @@
 
 One table for the loaders (an empty folder names the file to get and its link), the bundled workflows
 (their per-node ``models`` download entries, which ComfyUI's frontend offers when a file is missing) and
-the README. Links are those of ComfyUI's official klein templates or the BFL repos; a file no known repo
-ships as a single file has no link rather than a guessed one. Sizes are bf16 files, from the parameter
-counts. Nothing in the pack downloads by itself. Imports nothing, so scripts can read it without ComfyUI.
+the README. Links are those of ComfyUI's official klein and FLUX.1 Fill templates or the BFL repos; a file
+no known repo ships as a single file has no link rather than a guessed one. Sizes: klein's bf16 files from
+the parameter counts, FLUX.1's as published (bf16 DiT, fp16 T5, fp32 VAE). Nothing in the pack downloads
+by itself. Imports nothing, so scripts can read it without ComfyUI.
 """
 
 from __future__ import annotations
@@ -72,6 +73,22 @@ FILES = {
         ModelFile("flux2-vae.safetensors", "vae",
                   _comfy("Comfy-Org/flux2-dev", "vae", "flux2-vae.safetensors"),
                   "Comfy-Org/flux2-dev", APACHE, 0.17, "the FLUX.2 VAE, for every model"),
+        # FLUX.1 Fill [dev]: the links of ComfyUI's official Fill templates.
+        ModelFile("flux1-fill-dev.safetensors", "diffusion_models",
+                  _comfy("Comfy-Org/flux1-dev", "diffusion_models", "flux1-fill-dev.safetensors"),
+                  "Comfy-Org/flux1-dev", FLUX_NC, 23.8, "FLUX.1 Fill [dev], inpainting and outpainting",
+                  also=("black-forest-labs/FLUX.1-Fill-dev",)),
+        ModelFile("t5xxl_fp16.safetensors", "text_encoders",
+                  f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/t5xxl_fp16.safetensors",
+                  "comfyanonymous/flux_text_encoders", APACHE, 9.8, "T5-XXL, for FLUX.1 Fill [dev]"),
+        ModelFile("clip_l.safetensors", "text_encoders",
+                  f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/clip_l.safetensors",
+                  "comfyanonymous/flux_text_encoders", "MIT", 0.25, "CLIP-L, for FLUX.1 Fill [dev]"),
+        ModelFile("ae.safetensors", "vae",
+                  _comfy("Comfy-Org/Lumina_Image_2.0_Repackaged", "vae", "ae.safetensors"),
+                  "Comfy-Org/Lumina_Image_2.0_Repackaged", APACHE, 0.34,
+                  "the FLUX.1 VAE (16 latent channels), for FLUX.1 Fill [dev]",
+                  also=("black-forest-labs/FLUX.1-schnell",)),
     )
 }  # fmt: skip
 
@@ -83,20 +100,23 @@ FIRST_FILE = {
 }
 
 
-def empty_folder_entry(folder: str) -> str:
-    """What a loader's list shows when its folder holds no file: the list is never empty."""
-    if folder not in FIRST_FILE:  # loras: nothing to download by default
+def empty_folder_entry(folder: str, first: str | None = None) -> str:
+    """What a loader's list shows when its folder holds no file: the list is never empty. ``first``: the
+    file this loader wants (default: the klein file of ``FIRST_FILE``)."""
+    first = first or FIRST_FILE.get(folder)
+    if first is None:  # loras: nothing to download by default
         return f"(models/{folder} is empty)"
-    return f"(models/{folder} is empty: get {FIRST_FILE[folder]})"
+    return f"(models/{folder} is empty: get {first})"
 
 
-def empty_folder_message(folder: str) -> str:
-    if folder not in FIRST_FILE:
+def empty_folder_message(folder: str, first: str | None = None) -> str:
+    first = first or FIRST_FILE.get(folder)
+    if first is None:
         return (
             f"ComfyUI's models/{folder} folder holds no file: put a FLUX.2 [klein] LoRA (.safetensors) for "
             f"this model's size into ComfyUI/models/{folder}/, then press R in the editor to refresh lists"
         )
-    f = FILES[FIRST_FILE[folder]]
+    f = FILES[first]
     return (
         f"ComfyUI's models/{folder} folder holds no model file: download {f.name} ({f.what}, "
         f"{f.size_gb:g} GB) from {f.url} into ComfyUI/models/{folder}/, then press R in the editor to "

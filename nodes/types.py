@@ -13,7 +13,14 @@ from typing import Any
 
 import torch
 
-from ..flux2_core import AutoEncoder, Flux2Model, TextEncoder
+from ..flux2_core import (
+    AutoEncoder,
+    FillTextEncoder,
+    Flux1AutoEncoder,
+    Flux1FillModel,
+    Flux2Model,
+    TextEncoder,
+)
 
 MODEL = "FLUX2_KLEIN_MODEL"
 TEXT_ENCODER = "FLUX2_KLEIN_TEXT_ENCODER"
@@ -24,6 +31,13 @@ STITCH = "FLUX2_KLEIN_STITCH"  # payload: flux2_core.editing.Stitch (what the co
 IMAGE = "IMAGE"  # core: [B, H, W, 3] float 0..1
 MASK = "MASK"  # core: [B, H, W] float 0..1, 1 = repaint (as SetLatentNoiseMask and LoadImage's mask)
 LATENT = "LATENT"  # core: {"samples": [B, 128, H/16, W/16]}, BN-normalised like native FLUX.2 latents
+# FLUX.1 Fill [dev]: its own sockets (a T5 + CLIP encoder, a 16-channel VAE). Its LATENT is native FLUX.1's,
+# {"samples": [B, 16, H/8, W/8]}, the raw VAE mean (what native VAEEncode / VAEDecode give / take with
+# ae.safetensors).
+FILL_MODEL = "FLUX1_FILL_MODEL"
+FILL_TEXT_ENCODER = "FLUX1_FILL_TEXT_ENCODER"
+FILL_VAE = "FLUX1_FILL_VAE"
+FILL_CONDITIONING = "FLUX1_FILL_CONDITIONING"  # payload: flux2_core.FillConditioning (t5, pooled)
 
 
 @dataclass
@@ -62,6 +76,31 @@ class KleinConditioning:
         """The same embedding as native ComfyUI ``CONDITIONING`` (what native Klein encoding gives for a
         512-token prompt): ``[[embeds, {"pooled_output": None}]]``."""
         return [[self.embeds, {"pooled_output": None}]]
+
+
+@dataclass
+class FillModel:
+    """A loaded FLUX.1 Fill DiT (``model.transformer`` is what ``patcher`` moves)."""
+
+    model: Flux1FillModel
+    patcher: Any
+
+
+@dataclass
+class FillTextEncoderPair:
+    """T5-XXL and CLIP-L with their tokenizers (``encoder.modules``, both models, is what ``patcher``
+    moves)."""
+
+    encoder: FillTextEncoder
+    patcher: Any
+
+
+@dataclass
+class FillVAE:
+    """A loaded FLUX.1 autoencoder (``ae.safetensors``)."""
+
+    vae: Flux1AutoEncoder
+    patcher: Any
 
 
 def socket(kind: str | list, tooltip: str, **options) -> tuple:

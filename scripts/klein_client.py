@@ -43,8 +43,8 @@ try:  # optional: live progress over the websocket
 except ImportError:  # pragma: no cover - depends on the environment
     websocket = None
 
-SAMPLER = "Flux2KleinSampler"
-TEXT_ENCODE = "Flux2KleinTextEncode"
+SAMPLER = ("Flux2KleinSampler", "Flux1FillSampler")  # FLUX.2 [klein], FLUX.1 Fill [dev]
+TEXT_ENCODE = ("Flux2KleinTextEncode", "Flux1FillTextEncode")
 REFERENCE_ENCODE = "Flux2KleinReferenceEncode"
 LOAD_IMAGE = "LoadImage"
 
@@ -105,9 +105,10 @@ def load_workflow(path: str | Path) -> dict:
     return data
 
 
-def nodes_of_type(workflow: dict, class_type: str) -> list[str]:
-    """Ids of the nodes of one type, in numeric id order."""
-    ids = [i for i, n in workflow.items() if n["class_type"] == class_type]
+def nodes_of_type(workflow: dict, class_type: str | tuple[str, ...]) -> list[str]:
+    """Ids of the nodes of one type (or of any of several), in numeric id order."""
+    types = (class_type,) if isinstance(class_type, str) else class_type
+    ids = [i for i, n in workflow.items() if n["class_type"] in types]
     return sorted(ids, key=_id_key)
 
 
@@ -133,7 +134,7 @@ def linked_node(workflow: dict, node_id: str, input_name: str) -> str | None:
 def _the_sampler(workflow: dict) -> str:
     samplers = nodes_of_type(workflow, SAMPLER)
     if not samplers:
-        raise ComfyError(f"the workflow has no {SAMPLER} node")
+        raise ComfyError(f"the workflow has no {' or '.join(SAMPLER)} node")
     return samplers[0]
 
 
@@ -143,7 +144,7 @@ def set_prompt(workflow: dict, text: str, which: str = "positive") -> str:
     node = linked_node(workflow, sampler, which)
     if node is None:
         raise ComfyError(f"the sampler's {which!r} input is not connected in this workflow")
-    if workflow[node]["class_type"] != TEXT_ENCODE:
+    if workflow[node]["class_type"] not in TEXT_ENCODE:
         raise ComfyError(f"the sampler's {which!r} input comes from a {workflow[node]['class_type']}")
     workflow[node]["inputs"]["text"] = text
     return node

@@ -3,9 +3,11 @@
 Fakes only what ``nodes/host.py`` uses: ``folder_paths`` over temporary folders (same name normalisation as
 the real one), ``comfy.utils.ProgressBar`` recording every update, ``comfy.model_management`` on the CPU with
 an interrupt flag, ``comfy.model_patcher.ModelPatcher`` (which, like the real one, writes ``model.device``),
-``comfy.latent_formats.Flux2`` and ``latent_preview.get_previewer``. ``FakeHost.installed`` puts them in
-sys.modules and takes them out again, so no other test module sees them. ``load_pack`` imports the repository
-root the way ComfyUI loads a custom-node folder.
+``comfy.latent_formats.Flux2`` / ``Flux`` and ``latent_preview.get_previewer`` (recording the latent
+format of each previewer). With ``comfy_dir``, the ``comfy`` modules' files lie in that folder, as in a
+ComfyUI checkout (where the host's tokenizer folders are found; ``comfy`` itself is a namespace package).
+``FakeHost.installed`` puts them in sys.modules and takes them out again, so no other test module sees them.
+``load_pack`` imports the repository root the way ComfyUI loads a custom-node folder.
 """
 
 from __future__ import annotations
@@ -48,9 +50,12 @@ class FakeHost:
     interrupted: bool = False
     on_progress: object = None  # optional hook(value, total), e.g. to press cancel mid-run
     free_memory: int = 64 * 1024**3  # what get_free_memory reports for any device
+    comfy_dir: Path | None = None  # where the fake comfy modules "live" (their __file__'s folder)
+    previewers: list[str] = field(default_factory=list)  # latent-format class name of each previewer made
 
     def reset(self) -> None:
         self.progress.clear()
+        self.previewers.clear()
         self.loads.clear()
         self.unloads.clear()
         self.previews_enabled, self.interrupted, self.on_progress = True, False, None
@@ -84,10 +89,12 @@ class FakeHost:
             "latent_preview": self._latent_preview(),
         }
         comfy = ModuleType("comfy")
-        comfy.__path__ = []  # a package
+        comfy.__path__ = []  # a package (a namespace package in ComfyUI: no __init__.py, no __file__)
         for name, module in list(modules.items()):
             if name.startswith("comfy."):
                 setattr(comfy, name.split(".", 1)[1], module)
+                if self.comfy_dir is not None:
+                    module.__file__ = str(self.comfy_dir / (name.split(".", 1)[1] + ".py"))
         modules["comfy"] = comfy
         return modules
 
@@ -232,7 +239,11 @@ class FakeHost:
             latent_channels = 128
             spacial_downscale_ratio = 16
 
-        module.Flux2 = Flux2
+        class Flux:
+            latent_channels = 16
+            spacial_downscale_ratio = 8
+
+        module.Flux2, module.Flux = Flux2, Flux
         return module
 
     def _latent_preview(self) -> ModuleType:
@@ -246,6 +257,7 @@ class FakeHost:
                 return (preview_format, tuple(x0.shape), 512)  # stands for ("JPEG", PIL image, max size)
 
         def get_previewer(device, latent_format):
+            host.previewers.append(type(latent_format).__name__)
             return Previewer(latent_format) if host.previews_enabled else None  # None: --preview-method none
 
         module.get_previewer = get_previewer

@@ -47,10 +47,12 @@ def files(tmp_path_factory):
 
 
 def _argv(files, out, *extra, model="model"):
+    # a --text-encoder in ``extra`` replaces the default one (two would be FLUX.1 Fill's T5 + CLIP pair)
+    encoder = [] if "--text-encoder" in extra else ["--text-encoder", str(files["text_encoder"])]
     return [
         "generate",
         "--model", str(files[model]),
-        "--text-encoder", str(files["text_encoder"]),
+        *encoder,
         "--vae", str(files["vae"]),
         "--prompt", "a fox",
         "--output", str(out),
@@ -336,7 +338,8 @@ def test_the_cli_shows_no_traceback_in_a_real_process(files, tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert (
         result.stderr.strip().splitlines()[-1]
-        == "error: steps is 0: use 1 to 200 steps (4 for distilled models, ~50 for base)"
+        == "error: steps is 0: use 1 to 200 steps (4 for distilled klein models, ~50 for base, dev and "
+        "FLUX.1 Fill)"
     )
 
 

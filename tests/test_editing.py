@@ -173,6 +173,23 @@ def test_the_composite_keeps_every_pixel_outside_the_mask_exactly():
         assert not torch.equal(out[~outside], original[~outside])
 
 
+def test_a_white_mask_read_from_an_8_bit_png_composites_as_white():
+    # ComfyUI reads a white 8-bit mask as 254/255 = 0.996: the composite must paint it wholly (no 0.4 % of the
+    # original showing through) and feather its edge as it does a 1.0 mask's
+    g = torch.Generator().manual_seed(1)
+    original = torch.rand(96, 128, 3, generator=g)
+    hard = torch.zeros(96, 128)
+    hard[20:70, 30:100] = 1.0
+    pixels, _, stitch = prepare_inpaint(original, hard)
+    decoded = torch.rand(*pixels.shape, generator=g)
+    for feather in (0, 6):
+        expected = composite(decoded, stitch, feather)
+        stitch.mask = hard * (254 / 255)
+        assert torch.equal(composite(decoded, stitch, feather), expected)
+        stitch.mask = hard
+    assert torch.equal(composite(decoded, stitch, 0)[hard > 0], decoded[hard > 0])
+
+
 def test_crop_to_mask_samples_only_the_neighbourhood_of_a_small_mask():
     original = torch.rand(2000, 3000, 3)
     mask = torch.zeros(2000, 3000)

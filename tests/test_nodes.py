@@ -149,8 +149,9 @@ def run_sampler(nodes, loaded, **overrides):
 
 
 def test_ids_display_names_categories_and_outputs(pack):
-    assert set(pack.NODE_CLASS_MAPPINGS) == set(NODE_IDS)
-    assert set(pack.NODE_DISPLAY_NAME_MAPPINGS) == set(NODE_IDS)
+    # the FLUX.2 nodes (the FLUX.1 Fill ones are checked in test_nodes_fill.py)
+    assert {i for i in pack.NODE_CLASS_MAPPINGS if i.startswith("Flux2Klein")} == set(NODE_IDS)
+    assert set(pack.NODE_DISPLAY_NAME_MAPPINGS) == set(pack.NODE_CLASS_MAPPINGS)
     for node_id, (display, category, outputs) in NODE_IDS.items():
         cls = pack.NODE_CLASS_MAPPINGS[node_id]
         assert pack.NODE_DISPLAY_NAME_MAPPINGS[node_id] == display
@@ -161,7 +162,7 @@ def test_ids_display_names_categories_and_outputs(pack):
 def test_ids_are_prefixed_and_never_native(pack):
     ids = list(pack.NODE_CLASS_MAPPINGS)
     assert len(ids) == len(set(ids))
-    assert all(node_id.startswith("Flux2Klein") for node_id in ids)
+    assert all(node_id.startswith(("Flux2Klein", "Flux1Fill")) for node_id in ids)
     assert not set(ids) & NATIVE_IDS
 
 

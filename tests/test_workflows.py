@@ -40,6 +40,8 @@ client = _load_script("klein_client")
 MODEL, TE, VAE = "FLUX2_KLEIN_MODEL", "FLUX2_KLEIN_TEXT_ENCODER", "FLUX2_KLEIN_VAE"
 COND, REFS = "FLUX2_KLEIN_CONDITIONING", "FLUX2_KLEIN_REFERENCES"
 STITCH = "FLUX2_KLEIN_STITCH"
+FILL_MODEL, FILL_TE, FILL_VAE = "FLUX1_FILL_MODEL", "FLUX1_FILL_TEXT_ENCODER", "FLUX1_FILL_VAE"
+FILL_COND = "FLUX1_FILL_CONDITIONING"
 
 CONTRACT = {
     "Flux2KleinModelLoader": {
@@ -106,6 +108,48 @@ CONTRACT = {
         "widgets": ["lora_name", "strength", "block_strengths"],
         "outputs": [MODEL, "STRING", TE],
     },
+    "Flux1FillModelLoader": {
+        "inputs": {},
+        "widgets": ["model_name", "weight_dtype"],
+        "outputs": [FILL_MODEL],
+    },
+    "Flux1FillTextEncoderLoader": {
+        "inputs": {},
+        "widgets": ["t5_name", "clip_name", "device"],
+        "outputs": [FILL_TE],
+    },
+    "Flux1FillVAELoader": {"inputs": {}, "widgets": ["vae_name"], "outputs": [FILL_VAE]},
+    "Flux1FillTextEncode": {
+        "inputs": {"text_encoder": (FILL_TE, True)},
+        "widgets": ["text"],
+        "outputs": [FILL_COND],
+    },
+    "Flux1FillSampler": {
+        "inputs": {
+            "model": (FILL_MODEL, True),
+            "positive": (FILL_COND, True),
+            "vae": (FILL_VAE, True),
+            "image": ("IMAGE", True),
+            "mask": ("MASK", True),
+        },
+        "widgets": [
+            "seed",
+            "steps",
+            "guidance",
+            "denoise",
+            "grow_mask",
+            "crop_to_mask",
+            "context",
+            "batch_size",
+        ],
+        "control_after_generate": ["seed"],
+        "outputs": ["LATENT", STITCH],
+    },
+    "Flux1FillDecode": {
+        "inputs": {"vae": (FILL_VAE, True), "latent": ("LATENT", True)},
+        "widgets": ["tile_size", "tile_overlap"],
+        "outputs": ["IMAGE"],
+    },
 }
 NATIVE = {
     "PreviewAny": {"inputs": {"source": ("*", True)}, "widgets": [], "outputs": ["STRING"]},
@@ -126,7 +170,7 @@ FRONTEND_ONLY = {"MarkdownNote": {"widgets": ["text"]}, "Note": {"widgets": ["te
 SCHEMAS = {**CONTRACT, **NATIVE}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 
-NAMES = [
+KLEIN_NAMES = [
     "flux2_klein_4b_text_to_image",
     "flux2_klein_4b_base_text_to_image",
     "flux2_klein_4b_edit",
@@ -137,6 +181,9 @@ NAMES = [
     "flux2_klein_4b_outpaint",
     "flux2_klein_4b_lora",
 ]
+FILL_NAMES = ["flux1_fill_inpaint", "flux1_fill_outpaint"]
+NAMES = KLEIN_NAMES + FILL_NAMES
+SAMPLERS = ("Flux2KleinSampler", "Flux1FillSampler")
 
 
 def editor(name: str) -> dict:
@@ -267,7 +314,7 @@ def test_editor_nodes_follow_the_contract(name):
         n_controls = len(schema.get("control_after_generate", ()))
         assert len(node["widgets_values"]) == len(schema["widgets"]) + n_controls
         values = editor_widget_values(node)
-        if type_ == "Flux2KleinSampler":
+        if type_ in SAMPLERS:
             assert node["widgets_values"][1] == "randomize"
             assert isinstance(values["seed"], int)
 
@@ -275,7 +322,13 @@ def test_editor_nodes_follow_the_contract(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_loaders_name_their_model_files(name):
     wf = editor(name)
-    folders = {"model_name": "diffusion_models", "text_encoder_name": "text_encoders", "vae_name": "vae"}
+    folders = {"model_name": "diffusion_models", "text_encoder_name": "text_encoders", "vae_name": "vae",
+               "t5_name": "text_encoders", "clip_name": "text_encoders"}  # fmt: skip
+    # The official BFL repos, Comfy-Org's repackaged ones and those of ComfyUI's author (the FLUX.1 text
+    # encoders of ComfyUI's own templates), nothing else.
+    official = tuple(
+        f"https://huggingface.co/{org}/" for org in ("Comfy-Org", "black-forest-labs", "comfyanonymous")
+    )
     note = next(n for n in wf["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
     for node in wf["nodes"]:
         if node["type"] == "Flux2KleinLoraLoader":  # the user's own LoRA: no download entry
@@ -283,14 +336,16 @@ def test_loaders_name_their_model_files(name):
             continue
         if not node["type"].endswith("Loader"):
             continue
-        (widget,) = [w for w in folders if w in CONTRACT[node["type"]]["widgets"]]
-        filename = editor_widget_values(node)[widget]
-        (model,) = node["properties"]["models"]
-        assert model["name"] == filename and model["directory"] == folders[widget]
-        if "url" in model:  # the official BFL repos or Comfy-Org's repackaged ones, nothing else
-            official = ("https://huggingface.co/Comfy-Org/", "https://huggingface.co/black-forest-labs/")
-            assert model["url"].startswith(official) and model["url"].endswith("/" + filename)
-        assert f"`{filename}`" in note and f"`models/{folders[widget]}`" in note
+        widgets = [w for w in CONTRACT[node["type"]]["widgets"] if w in folders]
+        assert widgets, node["type"]
+        models = node["properties"]["models"]
+        assert len(models) == len(widgets)  # one download entry per file the loader reads
+        for widget, model in zip(widgets, models):
+            filename = editor_widget_values(node)[widget]
+            assert model["name"] == filename and model["directory"] == folders[widget]
+            if "url" in model:
+                assert model["url"].startswith(official) and model["url"].endswith("/" + filename)
+            assert f"`{filename}`" in note and f"`models/{folders[widget]}`" in note
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -316,7 +371,7 @@ def test_api_workflow_is_well_formed(name):
             source, slot = value
             assert source in wf, f"{name}: node {node_id}.{input_name} links to missing node {source}"
             assert type_ in (SCHEMAS[wf[source]["class_type"]]["outputs"][slot], "*")
-        if node["class_type"] == "Flux2KleinSampler":
+        if node["class_type"] in SAMPLERS:
             assert node["inputs"]["seed"] == 42
 
 
@@ -384,7 +439,7 @@ EXPECTED = {
 EDITING = {"flux2_klein_4b_img2img", "flux2_klein_4b_inpaint", "flux2_klein_4b_outpaint"}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", KLEIN_NAMES)
 def test_workflow_settings(name):
     dit, te, variant, steps, guidance, size, n_refs, has_negative = EXPECTED[name]
     wf = api(name)
@@ -447,6 +502,49 @@ def test_editing_workflow_wiring(name):
     assert _link(wf, composite, "stitch") == ("Flux2KleinInpaintPrepare", 2)
     source = "LoadImage" if name == "flux2_klein_4b_inpaint" else "Flux2KleinOutpaintPad"
     assert _link(wf, prepare, "image") == (source, 0) and _link(wf, prepare, "mask") == (source, 1)
+
+
+@pytest.mark.parametrize("name", FILL_NAMES)
+def test_fill_workflow_settings_and_wiring(name):
+    wf = api(name)
+    (sampler,) = [n for n in wf.values() if n["class_type"] == "Flux1FillSampler"]
+    s = sampler["inputs"]
+    assert (s["steps"], s["guidance"], s["denoise"], s["batch_size"]) == (50, 30.0, 1.0, 1)
+    assert (s["grow_mask"], s["crop_to_mask"]) == ((4, False) if name == "flux1_fill_inpaint" else (0, False))
+    assert _source(wf, sampler, "model")["inputs"]["model_name"] == "flux1-fill-dev.safetensors"
+    positive = _source(wf, sampler, "positive")
+    assert positive["class_type"] == "Flux1FillTextEncode" and positive["inputs"]["text"].strip()
+    encoders = _source(wf, positive, "text_encoder")["inputs"]
+    assert (encoders["t5_name"], encoders["clip_name"]) == ("t5xxl_fp16.safetensors", "clip_l.safetensors")
+    assert _source(wf, sampler, "vae")["inputs"]["vae_name"] == "ae.safetensors"
+    source = "LoadImage" if name == "flux1_fill_inpaint" else "Flux2KleinOutpaintPad"
+    assert _link(wf, sampler, "image") == (source, 0) and _link(wf, sampler, "mask") == (source, 1)
+    if name == "flux1_fill_outpaint":
+        pad = _source(wf, sampler, "image")
+        assert _link(wf, pad, "image") == ("LoadImage", 0) and pad["inputs"]["right"] == 256
+    (save,) = [n for n in wf.values() if n["class_type"] == "SaveImage"]
+    assert save["inputs"]["filename_prefix"] == f"flux1_fill/{name}"
+    composite = _source(wf, save, "images")
+    assert composite["class_type"] == "Flux2KleinComposite" and composite["inputs"]["feather"] > 0
+    assert _link(wf, composite, "image") == ("Flux1FillDecode", 0)
+    assert _link(wf, composite, "stitch") == ("Flux1FillSampler", 1)
+    decode = _source(wf, composite, "image")
+    assert _link(wf, decode, "latent") == ("Flux1FillSampler", 0)
+    assert _link(wf, decode, "vae") == ("Flux1FillVAELoader", 0)
+    assert len(client.nodes_of_type(wf, "LoadImage")) == 1
+
+
+@pytest.mark.parametrize("name", FILL_NAMES)
+def test_fill_workflows_run_headless_with_the_clients_prompt_and_seed(name):
+    # The note's headless line: the image through --image, the prompt and seed as for klein workflows.
+    wf = client.prepare_workflow(api(name), images=["mine.png"], prompt="a red door", seed=7)
+    (sampler,) = [n for n in wf.values() if n["class_type"] == "Flux1FillSampler"]
+    assert (
+        sampler["inputs"]["seed"] == 7 and _source(wf, sampler, "positive")["inputs"]["text"] == "a red door"
+    )
+    assert [wf[i]["inputs"]["image"] for i in client.nodes_of_type(wf, "LoadImage")] == ["mine.png"]
+    note = next(n for n in editor(name)["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
+    assert '--prompt "..." --seed 42' in note
 
 
 # ---------------------------------------------------------------------------------------------------------

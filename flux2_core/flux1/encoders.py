@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import open_checkpoint
 from ..errors import Flux2Error
 from ..hooks import before_each, calling
 from .config import CLIP_TOKENS, T5_TOKENS
@@ -82,17 +83,18 @@ def load_fill_text_encoder(
     keep_quantized: bool = True,
 ) -> FillTextEncoder:
     """Load T5-XXL and CLIP-L. ``tokenizers``: folders (any order), else the diffusers folders beside the
-    weights; a clear error says where to get them otherwise."""
-    t5 = load_t5(t5_path, dtype, device, keep_quantized)
-    clip = load_clip(clip_path, dtype, device, keep_quantized)
+    weights; a clear error says where to get them otherwise (before any weight is read)."""
     folders = list(tokenizers or [])
     if not folders:
-        folders = [f for f in (beside(t5.checkpoint.folder, "text_encoder_2"),
-                               beside(clip.checkpoint.folder, "text_encoder")) if f is not None]  # fmt: skip
-    found = load_fill_tokenizers(folders)
-    missing = [kind for kind in ("t5", "clip") if kind not in found]
-    if missing:
-        raise Flux2Error(
-            f"no {' or '.join(k.upper() for k in missing)} tokenizer for {T5_FILE} / {CLIP_FILE}: {WHERE}"
+        beside_weights = (
+            beside(open_checkpoint(t5_path, "text_encoder_2").folder, "text_encoder_2"),
+            beside(open_checkpoint(clip_path, "text_encoder").folder, "text_encoder"),
         )
+        folders = [f for f in beside_weights if f is not None]
+    found = load_fill_tokenizers(folders)
+    missing = [kind.upper() for kind in ("t5", "clip") if kind not in found]
+    if missing:
+        raise Flux2Error(f"no {' and no '.join(missing)} tokenizer for {T5_FILE} / {CLIP_FILE}: {WHERE}")
+    t5 = load_t5(t5_path, dtype, device, keep_quantized)
+    clip = load_clip(clip_path, dtype, device, keep_quantized)
     return FillTextEncoder(t5, clip, found)

@@ -20,7 +20,7 @@ from ..configs import FLUX1
 from ..errors import Flux2Error
 from ..flow import StepCallback, euler, make_noise, shifted_sigmas, start_from, truncate
 from ..hooks import before_each, calling
-from ..limits import check_request
+from ..limits import MAX_FILL_GUIDANCE, check_request
 from .config import DEFAULT_GUIDANCE, DEFAULT_STEPS, LATENT_FORMAT, schedule_shift
 from .encoders import FillConditioning
 from .fill import FillInputs, pack_latent, unpack_latent
@@ -58,11 +58,16 @@ def check_fill_conditioning(model: Flux1FillModel, positive: FillConditioning) -
 
 
 def fill_memory(model: Flux1FillModel, width: int, height: int, batch_size: int) -> int:
-    """Rough peak bytes of one step's activations beyond the weights (as the FLUX.2 estimate: about 24
-    hidden-wide rows per token, the 12288-wide MLP of the single blocks included)."""
-    itemsize = torch.finfo(model.transformer.dtype).bits // 8
+    """Rough peak bytes of one step's activations beyond the weights of a loaded model."""
+    return fill_activation_bytes(model.config, model.transformer.dtype, width, height, batch_size)
+
+
+def fill_activation_bytes(config, dtype: torch.dtype, width: int, height: int, batch_size: int) -> int:
+    """The same from shapes alone: as the FLUX.2 estimate, about 24 hidden-wide rows per token at the peak
+    (the 12288-wide MLP of the single blocks included)."""
+    itemsize = torch.finfo(dtype).bits // 8
     tokens = FLUX1.max_text_tokens + (width // 16) * (height // 16)
-    return batch_size * tokens * model.config.hidden_size * 24 * itemsize
+    return batch_size * tokens * config.hidden_size * 24 * itemsize
 
 
 def sample_fill(
@@ -80,7 +85,7 @@ def sample_fill(
     """
     width, height = fill.size
     s = settings
-    check_request(width, height, s.steps, s.guidance, s.seed, s.batch_size)
+    check_request(width, height, s.steps, s.guidance, s.seed, s.batch_size, MAX_FILL_GUIDANCE)
     check_fill_conditioning(model, positive)
     if not 0.0 <= s.denoise <= 1.0 or math.isnan(s.denoise):
         raise Flux2Error(f"denoise is {s.denoise}: use a value from 0 (keep the image) to 1 (repaint)")

@@ -233,7 +233,8 @@ def _what(keys: set[str]) -> str:
     """What a file that is not the encoder asked for holds, for the message."""
     if any(k.startswith("encoder.block.") for k in keys):
         return "a T5 encoder"
-    if any(k.startswith("encoder.layers.") and "self_attn" in k for k in keys):
+    clip_layers = ("encoder.layers.", "text_model.encoder.layers.")  # the T5 loader keeps ComfyUI's prefix
+    if any(k.startswith(clip_layers) and "self_attn" in k for k in keys):
         return "a CLIP text encoder"
     if any(k.startswith(("layers.", "model.layers.", "embed_tokens.")) for k in keys):
         return "a language model (Qwen3 / Mistral: the FLUX.2 text encoders)"

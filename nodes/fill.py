@@ -1,0 +1,192 @@
+"""FLUX.1 Fill [dev] nodes: encode a prompt, inpaint / outpaint an image under a mask, decode.
+
+The sampler does what Inpaint Prepare does for klein (grow the mask, crop to it, scale to about 1 MP) and
+returns, beside the latent, the stitch that FLUX.2 [klein] Composite takes to put the result back over the
+original, so every pixel outside the mask stays the original's. Its LATENT is native FLUX.1's
+(``{"samples": [B, 16, H/8, W/8]}``, raw), which native VAE Decode decodes with ae.safetensors as well.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..flux2_core import (
+    MAX_BATCH,
+    MAX_FILL_GUIDANCE,
+    MAX_SEED,
+    MAX_STEPS,
+    FillConditioning,
+    FillSettings,
+    Flux2Error,
+    check_fits,
+    check_request,
+    fill_inputs,
+    fill_memory,
+    prepare_inpaint,
+    sample_fill,
+)
+from . import convert, host, types
+from .decode import tile_inputs
+from .types import socket
+
+TEXT_TOOLTIP = (
+    "The prompt: describe what goes into the masked area (or the whole picture). T5 reads 512 tokens (BFL's "
+    "and diffusers' length); text beyond them is cut off. There is no negative prompt."
+)
+
+TOOLTIPS = {
+    "model": "From FLUX.1 Fill [dev] Model Loader.",
+    "positive": "The prompt, from FLUX.1 Fill [dev] Text Encode.",
+    "vae": "From FLUX.1 Fill [dev] VAE Loader: encodes the image under the mask.",
+    "image": "The image to inpaint (one image), or the canvas of FLUX.2 [klein] Outpaint Pad.",
+    "mask": "White / 1 = paint, black / 0 = keep (Load Image's MASK, or Outpaint Pad's). Read at 0.5: a "
+    "mask value of at least 0.5 is painted, so a white PNG read as 0.996 hides every pixel under it.",
+    "seed": "Noise seed. The noise is drawn on the CPU (as native ComfyUI does), so a seed gives the same "
+    "image on any device.",
+    "steps": "50 as BFL and diffusers run it; 20-30 give usable drafts.",
+    "guidance": "The guidance FLUX.1 Fill was distilled for, embedded in the model (one pass per step, no "
+    "CFG): about 30. Low values (ComfyUI's usual 3.5) give blurry, washed-out fills.",
+    "denoise": "1 paints the masked area from noise (the usual). Lower starts from the image itself and "
+    "keeps more of it: the first steps are skipped, as in diffusers.",
+    "grow_mask": "Grow the mask by this many pixels.",
+    "crop_to_mask": "Sample only the mask's box plus the context, at up to about 1 megapixel (a small mask "
+    "on a big image is enlarged up to 4x for detail); off: the whole image, at most 1 MP.",
+    "context": "Pixels of context around the mask's box (crop_to_mask).",
+    "batch_size": "Images per run, each from its own slice of one noise draw.",
+}
+
+
+class Flux1FillTextEncode:
+    DESCRIPTION = (
+        "Encodes a prompt for FLUX.1 Fill [dev]: T5-XXL's 512 token states and CLIP-L's pooled vector. The "
+        "text encoders leave the GPU afterwards so the diffusion model has the room."
+    )
+    CATEGORY = "flux1_fill/conditioning"
+    RETURN_TYPES = (types.FILL_CONDITIONING,)
+    RETURN_NAMES = ("conditioning",)
+    OUTPUT_TOOLTIPS = ("The encoded prompt, for the FLUX.1 Fill [dev] Sampler.",)
+    FUNCTION = "encode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "text_encoder": socket(
+                    types.FILL_TEXT_ENCODER, "From FLUX.1 Fill [dev] Text Encoder Loader."
+                ),
+                "text": socket("STRING", TEXT_TOOLTIP, multiline=True, dynamicPrompts=False),
+            },
+        }
+
+    def encode(self, text_encoder: types.FillTextEncoderPair, text: str):
+        host.load(text_encoder.patcher)
+        try:
+            cond = text_encoder.encoder.encode([text], interrupt=host.check_interrupt)
+        finally:
+            host.unload(text_encoder.patcher)  # keep it out of VRAM while the DiT samples
+        device = host.intermediate_device()
+        return (FillConditioning(cond.t5.to(device), cond.pooled.to(device)),)
+
+
+class Flux1FillSampler:
+    DESCRIPTION = (
+        "Inpaints (or, after FLUX.2 [klein] Outpaint Pad, outpaints) with FLUX.1 Fill [dev]: the model sees "
+        "the image with the masked area blanked and the mask, and paints that area. Decode the latent with "
+        "FLUX.1 Fill [dev] Decode, then put it back over the original with FLUX.2 [klein] Composite (stitch)."
+    )
+    CATEGORY = "flux1_fill/sampling"
+    RETURN_TYPES = (types.LATENT, types.STITCH)
+    RETURN_NAMES = ("latent", "stitch")
+    OUTPUT_TOOLTIPS = (
+        "FLUX.1 latents [batch, 16, height/8, width/8] of the sampled area (native FLUX.1 layout).",
+        "For FLUX.2 [klein] Composite: the original image, the sampled box and the mask.",
+    )
+    FUNCTION = "sample"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": socket(types.FILL_MODEL, TOOLTIPS["model"]),
+                "positive": socket(types.FILL_CONDITIONING, TOOLTIPS["positive"]),
+                "vae": socket(types.FILL_VAE, TOOLTIPS["vae"]),
+                "image": socket(types.IMAGE, TOOLTIPS["image"]),
+                "mask": socket(types.MASK, TOOLTIPS["mask"]),
+                "seed": socket(
+                    "INT", TOOLTIPS["seed"], default=0, min=0, max=MAX_SEED, control_after_generate=True
+                ),
+                "steps": socket("INT", TOOLTIPS["steps"], default=50, min=1, max=MAX_STEPS),
+                "guidance": socket(
+                    "FLOAT", TOOLTIPS["guidance"], default=30.0, min=0.0, max=MAX_FILL_GUIDANCE, step=0.1
+                ),
+            },
+            "optional": {
+                "denoise": socket("FLOAT", TOOLTIPS["denoise"], default=1.0, min=0.0, max=1.0, step=0.01),
+                "grow_mask": socket("INT", TOOLTIPS["grow_mask"], default=0, min=0, max=256),
+                "crop_to_mask": socket("BOOLEAN", TOOLTIPS["crop_to_mask"], default=False),
+                "context": socket("INT", TOOLTIPS["context"], default=64, min=0, max=2048),
+                "batch_size": socket("INT", TOOLTIPS["batch_size"], default=1, min=1, max=MAX_BATCH),
+            },
+        }
+
+    def sample(self, model: types.FillModel, positive: FillConditioning, vae: types.FillVAE, image, mask,
+               seed, steps, guidance, denoise=1.0, grow_mask=0, crop_to_mask=False, context=64,
+               batch_size=1):  # fmt: skip
+        if image.shape[0] != 1 or (mask.ndim == 3 and mask.shape[0] != 1):
+            raise Flux2Error("inpaint one image at a time: the image (and mask) batch must hold one")
+        crop, crop_mask, stitch = prepare_inpaint(image[0], mask, grow_mask, crop_to_mask, context)
+        height, width = crop_mask.shape
+        # linked values skip the widget ranges: every number is checked before a model is loaded
+        check_request(width, height, steps, guidance, seed, batch_size, MAX_FILL_GUIDANCE)
+        host.load(vae.patcher, vae.vae.encode_memory(height, width))
+        with host.out_of_memory(f"encoding {width}x{height}", "use crop_to_mask or a smaller image"):
+            fill = fill_inputs(vae.vae, convert.image_to_pixels(crop), crop_mask, with_source=denoise < 1.0)
+        required = fill_memory(model.model, width, height, batch_size)
+        host.load(model.patcher, required)
+        what, advice = f"sampling {width}x{height}", "use crop_to_mask, a smaller image or a smaller batch"
+        device = model.patcher.load_device
+        check_fits(required, device, what, advice, free=host.free_memory(device))
+        settings = FillSettings(seed, steps, guidance, batch_size, denoise)
+        with host.out_of_memory(what, advice):
+            samples = sample_fill(
+                model.model,
+                positive,
+                fill,
+                settings,
+                callback=host.step_reporter(steps, latent_format="Flux"),
+                interrupt=host.check_interrupt,
+            )
+        return ({"samples": samples.to(host.intermediate_device())}, stitch)
+
+
+class Flux1FillDecode:
+    DESCRIPTION = (
+        "Decodes FLUX.1 latents (the Fill sampler's, or native FLUX.1 ones) to images with the FLUX.1 VAE: "
+        "the raw decode of the sampled area; FLUX.2 [klein] Composite puts it back over the original."
+    )
+    CATEGORY = "flux1_fill/latent"
+    RETURN_TYPES = (types.IMAGE,)
+    RETURN_NAMES = ("image",)
+    OUTPUT_TOOLTIPS = ("Images [batch, height, width, 3] in 0..1.",)
+    FUNCTION = "decode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "vae": socket(types.FILL_VAE, "From FLUX.1 Fill [dev] VAE Loader."),
+                "latent": socket(types.LATENT, "FLUX.1 latents, e.g. from FLUX.1 Fill [dev] Sampler."),
+            },
+            "optional": tile_inputs(),
+        }
+
+    def decode(self, vae: types.FillVAE, latent: dict, tile_size: int = 0, tile_overlap: int = 64):
+        samples = convert.fill_latent_samples(latent)
+        scale = vae.vae.downscale
+        height, width = samples.shape[-2] * scale, samples.shape[-1] * scale
+        host.load(vae.patcher, vae.vae.decode_memory(height, width, tile_size, tile_overlap))
+        device = host.intermediate_device()
+        advice = "decode a smaller image or fewer at once, or set a smaller tile_size (e.g. 512)"
+        with host.out_of_memory(f"decoding {width}x{height}", advice):
+            pixels = [vae.vae.decode(item, tile_size, tile_overlap).to(device) for item in samples.split(1)]
+        return (convert.pixels_to_image(torch.cat(pixels)),)
