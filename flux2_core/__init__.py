@@ -12,7 +12,8 @@ Self-contained (it never imports ComfyUI). A text-to-image run::
 Editing adds ``references=encode_references(vae, [image, ...])`` to ``sample``. Where things live:
 ``ops`` (the weight seam), ``keymaps`` (foreign names), ``checkpoint`` + ``loading`` (one lazy loading
 pipeline), ``flow`` (the sampling loop), ``sampling`` (the klein denoiser), ``hooks`` (per-block work),
-``quant`` and ``gguf_*`` (quantised files), ``lora*`` (LoRAs of every common layout, at compute time).
+``quant`` and ``gguf_*`` (quantised files), ``lora*`` (LoRAs of every common layout, at compute time),
+``parallel`` + ``parallel_load`` (one DiT over several processes: tensor or sequence parallelism).
 """
 
 from .configs import FLUX1, FLUX2, KLEIN_4B, KLEIN_9B, KLEIN_VARIANTS, VARIANTS, Family, Flux2Config, Variant
@@ -48,6 +49,18 @@ from .limits import (
     check_size,
 )
 from .lora import Lora, parse_block_strengths, prepare_lora, read_lora
+from .parallel import (
+    Distributed,
+    ParallelInfo,
+    broadcast_conditioning,
+    broadcast_references,
+    broadcast_tensor,
+    close_distributed,
+    init_distributed,
+    parallel_info,
+    parallelize_sequence,
+)
+from .parallel_load import load_transformer_parallel, planned_weight_bytes
 from .references import (
     FIT_MODES,
     MAX_REFERENCE_PIXELS,
@@ -67,7 +80,7 @@ from .sampling import (
     settings_numbers,
 )
 from .streaming import disable_streaming, enable_streaming, streamer_of
-from .text_encoder import TextEncoder, load_text_encoder
+from .text_encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
 from .transformer import Flux2Model, Flux2Transformer, compile_blocks
 from .vae import AutoEncoder, load_vae
 
@@ -88,6 +101,7 @@ __all__ = [
     "MAX_REFERENCE_PIXELS",
     "VARIANTS",
     "AutoEncoder",
+    "Distributed",
     "Family",
     "FillConditioning",
     "FillInputs",
@@ -99,6 +113,7 @@ __all__ = [
     "Flux2Error",
     "Flux2Model",
     "Flux2Transformer",
+    "ParallelInfo",
     "ReferenceLatents",
     "RefKVCache",
     "RefKVStore",
@@ -106,10 +121,14 @@ __all__ = [
     "Stitch",
     "TextEncoder",
     "Variant",
+    "broadcast_conditioning",
+    "broadcast_references",
+    "broadcast_tensor",
     "check_conditioning",
     "check_fits",
     "check_request",
     "check_size",
+    "close_distributed",
     "compile_blocks",
     "composite",
     "encode_reference_kv",
@@ -120,18 +139,23 @@ __all__ = [
     "fill_inputs",
     "fill_memory",
     "get_sigmas",
+    "init_distributed",
     "latent_mask",
     "load_fill_text_encoder",
     "load_fill_transformer",
     "load_flux1_vae",
     "load_text_encoder",
     "load_transformer",
+    "load_transformer_parallel",
     "load_vae",
     "make_noise",
     "outpaint_canvas",
+    "parallel_info",
+    "parallelize_sequence",
     "parse_block_strengths",
     "prepare_lora",
     "output_size",
+    "planned_weight_bytes",
     "prepare_inpaint",
     "prepare_reference",
     "processed_size",
@@ -140,4 +164,5 @@ __all__ = [
     "sample_fill",
     "settings_numbers",
     "streamer_of",
+    "text_encoder_spec_for",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ class LazyTensors(Mapping):
     A lookup reads the tensor's bytes with plain file reads into memory of its own (never a memory map of the
     file), so loading holds one copy of each weight: the page cache the reads go through is not the process's
     memory, and a tensor handed to another device or cast to another dtype leaves nothing behind.
+    ``read_slice`` reads only some rows or columns (one process's shard under tensor parallelism);
+    ``bytes_read`` counts the tensor bytes read so far.
     """
 
     def __init__(self, files: list[Path]):
@@ -47,6 +50,7 @@ class LazyTensors(Mapping):
         self._layout: dict[str, tuple[Path, str, tuple[int, ...], int, int]] = {}
         self._scratch: torch.Tensor | None = None
         self.metadata: dict[str, str] = {}
+        self.bytes_read = 0
         for file in files:
             try:
                 handle = safe_open(str(file), framework="pt", device="cpu")  # validates the header
@@ -65,6 +69,7 @@ class LazyTensors(Mapping):
         entry = self._layout.get(key)
         try:
             if entry is not None and _DTYPES.get(entry[1]) is not None:
+                self.bytes_read += entry[4]
                 return _read_tensor(*entry)
             return handle.get_tensor(key)  # a dtype torch has no name for: safetensors' own reader
         except _READ_ERRORS as e:
@@ -99,17 +104,47 @@ class LazyTensors(Mapping):
             raw = _read_tensor(*entry, buffer=self._scratch[:nbytes])
         except _READ_ERRORS as e:
             raise _unreadable(entry[0], e) from None
+        self.bytes_read += nbytes
         return raw.to(dtype)
 
     def release_buffers(self) -> None:
         self._scratch = None
+
+    def read_slice(self, key: str, dim: int, ranges: list[tuple[int, int]]) -> torch.Tensor:
+        """The rows (``dim`` 0) or columns (``dim`` 1 of a 2-D tensor) ``[start, stop)`` of each of
+        ``ranges`` of ``key``, concatenated in order; only their bytes are read from the file."""
+        entry = self._layout.get(key)
+        stored = _DTYPES.get(entry[1]) if entry is not None else None
+        if stored is None or dim not in (0, 1) or len(entry[2]) <= dim or (dim == 1 and len(entry[2]) != 2):
+            kind = entry[1] if entry is not None else "unknown"
+            raise Flux2Error(f"{key} ({kind}, shape {list(self.shape(key))}) cannot be read in slices")
+        file, _, shape, offset, _ = entry
+        item, size = stored.itemsize, sum(b - a for a, b in ranges)
+        if any(not 0 <= a <= b <= shape[dim] for a, b in ranges):
+            raise Flux2Error(f"{key}: slices {ranges} do not fit its shape {list(shape)}")
+        row = math.prod(shape[1:]) * item  # bytes per index of dim 0
+        if dim == 0:
+            spans = [(offset + a * row, (b - a) * row) for a, b in ranges]
+            out_shape = (size, *shape[1:])
+        else:
+            spans = [
+                (offset + r * row + a * item, (b - a) * item) for r in range(shape[0]) for a, b in ranges
+            ]
+            out_shape = (shape[0], size)
+        buffer = torch.empty(math.prod(out_shape) * item, dtype=torch.uint8)
+        try:
+            _read_spans(file, spans, buffer)
+        except _READ_ERRORS as e:
+            raise _unreadable(file, e) from None
+        self.bytes_read += buffer.numel()
+        return buffer.view(stored).reshape(out_shape)
 
 
 def read_tensor(tensors: Mapping, key: str, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``tensors[key]``, floating tensors cast to ``dtype`` if given (read straight into it when lazy)."""
     if dtype is None:
         return tensors[key]
-    if isinstance(tensors, LazyTensors):
+    if hasattr(type(tensors), "read_as"):  # lazy: read straight into the dtype
         return tensors.read_as(key, dtype)
     tensor = tensors[key]
     return tensor.to(dtype) if tensor.is_floating_point() else tensor
@@ -138,17 +173,32 @@ def _read_tensor(
     buffer: torch.Tensor | None = None,
 ) -> torch.Tensor:
     buffer = torch.empty(nbytes, dtype=torch.uint8) if buffer is None else buffer
-    if nbytes:
-        view = memoryview(buffer.numpy())
-        with open(file, "rb", buffering=0) as f:
+    _read_spans(file, [(offset, nbytes)], buffer)
+    return buffer.view(_DTYPES[dtype]).reshape(shape)
+
+
+def _read_spans(file: Path, spans: list[tuple[int, int]], buffer: torch.Tensor) -> None:
+    """Read the byte spans (offset, count) of ``file`` one after another into ``buffer``; adjacent spans
+    are read as one."""
+    merged: list[list[int]] = []
+    for offset, count in spans:
+        if merged and merged[-1][0] + merged[-1][1] == offset:
+            merged[-1][1] += count
+        elif count:
+            merged.append([offset, count])
+    if not merged:
+        return
+    view, at = memoryview(buffer.numpy()), 0
+    with open(file, "rb", buffering=0) as f:
+        for offset, count in merged:
             f.seek(offset)
             done = 0
-            while done < nbytes:
-                got = f.readinto(view[done:])
+            while done < count:
+                got = f.readinto(view[at + done : at + count])
                 if not got:
-                    raise OSError(f"the file ends {nbytes - done} bytes before tensor data it lists")
+                    raise OSError(f"the file ends {count - done} bytes before tensor data it lists")
                 done += got
-    return buffer.view(_DTYPES[dtype]).reshape(shape)
+            at += count
 
 
 def _merge_metadata(merged: dict[str, str], shard: dict[str, str]) -> None:

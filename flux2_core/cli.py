@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile", action="store_true", help="torch.compile the DiT's blocks (slow first step)"
     )
     gen.add_argument(
+        "--parallel", default=None, choices=["tensor", "sequence"],
+        help="under torchrun --nproc-per-node N: run the DiT across the N processes (one per GPU; --device "
+        "cpu uses gloo): tensor splits the weights (about 1/N each), sequence the tokens; rank 0 writes",
+    )  # fmt: skip
+    gen.add_argument(
         "--lora",
         action="append",
         default=[],
@@ -141,21 +146,32 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def generate(args: argparse.Namespace) -> list[Path]:
+    from .cli_parallel import ranks_for
+    from .flux1.cli_fill import is_flux1_model
+
+    fill = is_flux1_model(args.model)  # FLUX.1 Fill [dev]: its own run (flux1/cli_fill.py)
+    ranks = ranks_for(args, fill)
+    try:
+        return _generate(args, fill, ranks)
+    finally:
+        ranks.close()
+
+
+def _generate(args: argparse.Namespace, fill: bool, ranks) -> list[Path]:
     from .configs import describe
-    from .dit_files import DIT_SPEC, load_transformer, transformer_variant
-    from .flux1.cli_fill import check_fill_args, generate_fill, is_flux1_model
+    from .dit_files import DIT_SPEC, transformer_variant
+    from .flux1.cli_fill import check_fill_args, generate_fill
     from .limits import MAX_FILL_GUIDANCE, MAX_GUIDANCE, check_request, check_seed
     from .lora import prepare_lora
     from .references import MAX_REFERENCE_PIXELS, encode_references, processed_size
     from .sampling import SampleSettings, check_conditioning, check_text_width, output_size, settings_numbers
     from .streaming import BLOCKS_IN_FLIGHT, disable_streaming, enable_streaming
-    from .text_encoder import QWEN3_SPEC, describe_qwen3, load_text_encoder
+    from .text_encoder import load_text_encoder, text_encoder_spec_for
     from .transformer import compile_blocks
     from .vae import load_vae
     from .vae_tiling import check_tiling
 
     # 1. Everything that can be checked without reading a weight, before any model is loaded.
-    fill = is_flux1_model(args.model)  # FLUX.1 Fill [dev]: its own run (flux1/cli_fill.py)
     if fill:
         check_fill_args(args)
     elif args.text_encoder and len(args.text_encoder) > 1:
@@ -164,7 +180,7 @@ def generate(args: argparse.Namespace) -> list[Path]:
         )
     else:
         args = argparse.Namespace(**{**vars(args), "text_encoder": (args.text_encoder or [None])[0]})
-    device = inputs.device_for(args.device)
+    device = ranks.device
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float32 if device.type == "cpu" else torch.bfloat16)
     output = inputs.check_output(Path(args.output))
     check_seed(args.seed)
@@ -208,10 +224,12 @@ def generate(args: argparse.Namespace) -> list[Path]:
     guidance = variant.default_guidance if args.guidance is None else args.guidance
     settings = SampleSettings(width, height, steps, guidance, args.seed, args.batch_size)
     check_request(*settings_numbers(settings))
-    te_shape, te_bytes, _ = weight_bytes(QWEN3_SPEC, text_encoder, dtype)
+    te_spec = text_encoder_spec_for(text_encoder)
+    te_shape, te_bytes, _ = weight_bytes(te_spec, text_encoder, dtype)
     check_text_width(
-        config, describe(config), te_shape.output_dim, f"text encoder ({describe_qwen3(te_shape)})"
+        config, describe(config), te_shape.output_dim, f"text encoder ({te_spec.describe(te_shape)})"
     )
+    dit_bytes = ranks.dit_bytes(args.model, dtype, dit_bytes)
     source_tokens = (
         width * height if edit is not None and edit.mask is not None else 0
     )  # inpaint: reference 1
@@ -225,25 +243,35 @@ def generate(args: argparse.Namespace) -> list[Path]:
     inputs.check_memory(device, dit_bytes, te_bytes, activations, what)
     del checkpoint
 
-    # 2. Text first (every prompt at once), then the encoder leaves the device.
+    # 2. Text first (every prompt at once, on the main process), then the encoder leaves the device.
     keep = device.type != "mps"  # MPS cannot hold float8: quantised files are dequantised at load there
-    model = load_transformer(args.model, variant=args.variant, dtype=dtype, device="cpu", keep_quantized=keep)
-    encoder = load_text_encoder(text_encoder, dtype=dtype, device=device, keep_quantized=keep)
+    model = ranks.load_transformer(args.model, args.variant, dtype, keep)
+    encoder = (
+        load_text_encoder(text_encoder, dtype=dtype, device=device, keep_quantized=keep)
+        if ranks.is_main
+        else None
+    )
     for lora_file, strength in loras:  # each LoRA's report is logged as it is matched
-        lora = prepare_lora(lora_file, model.transformer, encoder.model, strength)
-        model, encoder = model.with_lora(lora), encoder.with_lora(lora)
+        lora = prepare_lora(lora_file, model.transformer, encoder.model if encoder else None, strength)
+        model, encoder = model.with_lora(lora), encoder.with_lora(lora) if encoder else None
     use_cfg = model.variant.uses_cfg and guidance > 1.0
     texts = list(args.prompt) + ([args.negative or ""] if use_cfg else [])
-    check_conditioning(model, torch.empty(1, 1, encoder.output_dim), f"text encoder ({encoder.name})")
-    with torch.inference_mode():
-        conditioning = encoder.encode(texts).cpu()
+    conditioning = None
+    if encoder is not None:
+        check_conditioning(model, torch.empty(1, 1, encoder.output_dim), f"text encoder ({encoder.name})")
+        with torch.inference_mode():
+            conditioning = encoder.encode(texts).cpu()
+    conditioning = ranks.share_text(conditioning)
     del encoder
     inputs.release(device)
 
     # 3. References and the image to edit, sampling once per prompt, decoding, compositing.
-    vae = load_vae(vae_path, dtype=torch.float32, device=device)
-    references = encode_references(vae, images, max_pixels, **tiles) if images else None
-    start, mask, references = encode_edit(vae, edit, references, (height // 16, width // 16), tiles)
+    vae, references, start, mask = None, None, None, None
+    if ranks.is_main:
+        vae = load_vae(vae_path, dtype=torch.float32, device=device)
+        references = encode_references(vae, images, max_pixels, **tiles) if images else None
+        start, mask, references = encode_edit(vae, edit, references, (height // 16, width // 16), tiles)
+    references, start, mask = ranks.share_inputs(references, start, mask)
     if args.offload == "stream":
         enable_streaming(model.transformer, device, resident_bytes=args.resident_mb * 2**20)
     else:
@@ -269,7 +297,7 @@ def generate(args: argparse.Namespace) -> list[Path]:
         kv_cache = encode_reference_kv(model, references)  # once, for every prompt
     results = []
     for k in range(len(args.prompt)):
-        with tqdm(total=steps, unit="step", disable=None) as bar:
+        with tqdm(total=steps, unit="step", disable=None if ranks.is_main else True) as bar:
             latents = _sample(model, conditioning[k : k + 1], settings, negative, references, bar, start,
                               edit, mask, kv_cache)  # fmt: skip
         results.append(latents)
@@ -277,6 +305,8 @@ def generate(args: argparse.Namespace) -> list[Path]:
         disable_streaming(model.transformer)  # back on the CPU, as loaded
     model.transformer.to("cpu")
     inputs.release(device)
+    if not ranks.is_main:
+        return []  # the main process decodes and writes
     outputs = []
     for latents in results:
         with torch.inference_mode():

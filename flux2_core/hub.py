@@ -23,7 +23,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "black-forest-labs/FLUX.2-klein-4B"  # Apache-2.0: the newcomer's default
 # The official repo whose text encoder and VAE pair with a DiT of this text width (the 4B/9B pairing rule).
-PAIRED_REPOS = {7680: "black-forest-labs/FLUX.2-klein-4B", 12288: "black-forest-labs/FLUX.2-klein-9B"}
+PAIRED_REPOS = {
+    7680: "black-forest-labs/FLUX.2-klein-4B",
+    12288: "black-forest-labs/FLUX.2-klein-9B",
+    15360: "black-forest-labs/FLUX.2-dev",  # Mistral Small 3.2 (gated, FLUX.2 [dev] non-commercial licence)
+}
 COMPONENT_FILES = {
     "transformer": ("transformer/*.safetensors", "transformer/*.json"),
     "text_encoder": ("text_encoder/*.safetensors", "text_encoder/*.json", "tokenizer/*"),

@@ -4,7 +4,9 @@ Tensor layout inside attention: [B, heads, L, head_dim]. The joint sequence is [
 text-to-image, [text, image, references] for the plain klein models (references appended after the noisy
 tokens), and [text, cached references, image] for the KV model, whose reference keys/values come from a
 ``RefKVLayer`` (see ``joint_attention``). Every linear layer is an ``ops.Linear``: blocks never know where
-its weight comes from.
+its weight comes from. Every block holds a ``comm`` (``LOCAL`` in one process): what it exchanges with the
+other processes running the same model (``parallel``): the sums of partial outputs (tensor parallelism) and
+the trade of sequence for heads around attention (Ulysses). Blocks see only their local heads and widths.
 """
 
 from __future__ import annotations
@@ -21,6 +23,34 @@ from .ops import Linear
 from .rope import apply_rope
 
 NORM_EPS = 1e-6
+
+
+class LocalComm:
+    """What a model running in one process exchanges with the others: nothing. ``parallel`` has the
+    communicators of tensor and sequence parallelism, with the same methods."""
+
+    def sum_partials(self, *parts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The full outputs of row-parallel projections from this process's partial sums."""
+        return parts
+
+    def to_heads(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[B, heads, local tokens, D] -> [B, local heads, all tokens, D] (Ulysses), before attention."""
+        return q, k, v
+
+    def to_tokens(self, out: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``to_heads``, after attention."""
+        return out
+
+    def split_tokens(self, txt, img, ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This process's text and image tokens (and their ids, ``[text ids; image ids]``)."""
+        return txt, img, ids
+
+    def gather_tokens(self, img: torch.Tensor) -> torch.Tensor:
+        """Every image token, from this process's ``split_tokens`` share."""
+        return img
+
+
+LOCAL = LocalComm()
 
 
 def timestep_embedding(
@@ -144,20 +174,25 @@ def joint_attention(
     pe: torch.Tensor,
     num_txt: int = 0,
     kv: RefKVLayer | None = None,
+    comm: LocalComm = LOCAL,
 ) -> torch.Tensor:
     """Attention over the joint sequence after RoPE; returns [B, L, heads * head_dim].
 
     - ``kv`` filled: the stored reference K/V are spliced in after the ``num_txt`` text keys.
     - ``kv`` empty: the sequence is the references alone (``encode_reference_kv``); their K/V are stored.
+
+    Under sequence parallelism ``comm`` gathers every token of this process's heads after RoPE (the K/V
+    cache then holds those heads for every reference token) and scatters the result back.
     """
     q, k = apply_rope(q, pe), apply_rope(k, pe)
+    q, k, v = comm.to_heads(q, k, v)
     if kv is not None and kv.filled:
         k_ref, v_ref = kv.get(q.shape[0])
         k = torch.cat([k[:, :, :num_txt], k_ref, k[:, :, num_txt:]], dim=2)
         v = torch.cat([v[:, :, :num_txt], v_ref, v[:, :, num_txt:]], dim=2)
     elif kv is not None:
         kv.store(k, v)
-    return rearrange(sdpa(q, k, v), "B H L D -> B L (H D)")
+    return rearrange(comm.to_tokens(sdpa(q, k, v)), "B H L D -> B L (H D)")
 
 
 CPU_ATTENTION_CHUNK = 1024  # query rows per chunk: bounds the [chunk, L] score matrix of each head
@@ -186,6 +221,8 @@ class DoubleStreamBlock(nn.Module):
     """Text and image keep separate weights and attend jointly. ``act`` and ``bias``: SwiGLU without biases
     (FLUX.2), tanh GELU with biases (FLUX.1)."""
 
+    comm = LOCAL
+
     def __init__(self, hidden: int, num_heads: int, mlp_hidden: int, act=SwiGLU, bias: bool = False):
         super().__init__()
         self.img_attn = SelfAttention(hidden, num_heads, bias)
@@ -205,18 +242,24 @@ class DoubleStreamBlock(nn.Module):
             pe,
             num_txt=txt.shape[1],
             kv=kv,
+            comm=self.comm,
         )
         txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
-        img = img + img_g1 * self.img_attn.proj(img_attn)
-        img = img + img_g2 * self.img_mlp(modulate(img, img_sh2, img_sc2))
-        txt = txt + txt_g1 * self.txt_attn.proj(txt_attn)
-        txt = txt + txt_g2 * self.txt_mlp(modulate(txt, txt_sh2, txt_sc2))
-        return img, txt
+        img_out, txt_out = self.comm.sum_partials(self.img_attn.proj(img_attn), self.txt_attn.proj(txt_attn))
+        img = img + img_g1 * img_out
+        txt = txt + txt_g1 * txt_out
+        img_out, txt_out = self.comm.sum_partials(
+            self.img_mlp(modulate(img, img_sh2, img_sc2)), self.txt_mlp(modulate(txt, txt_sh2, txt_sc2))
+        )
+        return img + img_g2 * img_out, txt + txt_g2 * txt_out
 
 
 class SingleStreamBlock(nn.Module):
     """Parallel attention + MLP on the joint sequence, with fused input and output projections. ``linear1``'s
-    rows are [q|k|v|gate|up] with FLUX.2's SwiGLU, [q|k|v|mlp] with FLUX.1's tanh GELU (and biases)."""
+    rows are [q|k|v|gate|up] with FLUX.2's SwiGLU, [q|k|v|mlp] with FLUX.1's tanh GELU (and biases).
+    ``hidden`` and ``mlp_rows`` are the widths of the attention and MLP parts this process holds."""
+
+    comm = LOCAL
 
     def __init__(self, hidden: int, num_heads: int, mlp_hidden: int, act=SwiGLU, bias: bool = False):
         super().__init__()
@@ -232,8 +275,9 @@ class SingleStreamBlock(nn.Module):
         shift, scale, gate = mod
         qkv, mlp = self.linear1(modulate(x, shift, scale)).split([3 * self.hidden, self.mlp_rows], -1)
         q, k, v = split_qkv(qkv, self.num_heads, self.norm)
-        attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv)
-        return x + gate * self.linear2(torch.cat([attn, self.act(mlp)], dim=-1))
+        attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm)
+        (out,) = self.comm.sum_partials(self.linear2(torch.cat([attn, self.act(mlp)], dim=-1)))
+        return x + gate * out
 
 
 class LastLayer(nn.Module):

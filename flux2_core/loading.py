@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 Plan = dict[str, list[tuple[str, Placement]]]  # our key -> (file key, placement) pieces
 Quantized = dict[str, QuantLayer]  # our layer name -> how the file quantised it
+Shapes = dict[str, tuple[int, ...]]
+# (meta module, plan, shapes, quantised layers, tensors, what) -> the same, narrowed to one process's shard
+Shard = Callable[[nn.Module, Plan, Shapes, Quantized, Mapping, str], tuple[Plan, Shapes, Quantized, Mapping]]
 
 
 @dataclass(frozen=True)
@@ -81,12 +84,14 @@ def load_checkpoint(
     dtype: torch.dtype | None,
     device: str | torch.device = "cpu",
     keep_quantized: bool = True,
+    shard: Shard | None = None,
 ) -> Loaded:
     """Load ``checkpoint`` into the spec's module in ``dtype`` (the compute dtype).
 
     Quantised linear layers keep their stored form and dequantise per call when ``keep_quantized`` (memory
     near the file's size); otherwise, and for every quantised tensor that is not a linear weight (an
-    embedding), they are dequantised once, here, into ``dtype``.
+    embedding), they are dequantised once, here, into ``dtype``. ``shard`` (tensor parallelism) narrows the
+    meta-built module and the plan to this process's slices before anything is read.
     """
     pieces, shapes, quantized = plan_checkpoint(spec, checkpoint)
     config = read_config(spec, shapes, checkpoint)
@@ -94,11 +99,14 @@ def load_checkpoint(
     with torch.device("meta"):
         module = spec.build(config)
     what = f"{checkpoint.name} ({description})"
+    tensors = checkpoint.tensors
+    if shard is not None:
+        pieces, shapes, quantized, tensors = shard(module, pieces, shapes, quantized, tensors, what)
     wanted = {key: parts for key, parts in pieces.items() if spec.wanted(key)}
     quantized = {name: q for name, q in quantized.items() if spec.wanted(name + ".weight")}
     kept = _keep_quantized(module, wanted, quantized, what, spec.int8_matmul) if keep_quantized else {}
     eager = {name + ".weight": q for name, q in quantized.items() if name not in kept}
-    fill(module, wanted, checkpoint.tensors, shapes, dtype, device, spec, what, kept, eager)
+    fill(module, wanted, tensors, shapes, dtype, device, spec, what, kept, eager)
     if spec.sources is not None:
         for name, layer in linears(module):
             if layer.source is PLAIN:

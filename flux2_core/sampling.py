@@ -77,7 +77,9 @@ def check_text_width(config, name: str, got: int, what: str = "conditioning") ->
     """The same check from shapes alone (before anything is loaded)."""
     need = config.context_in_dim
     if need != got:
-        wanted = TEXT_ENCODER_FOR_CONTEXT.get(need, f"a text encoder of width {need // 3}")
+        # a shape no release has (a test model): name the family the DiT pairs with
+        family = "the Mistral Small 3.x text encoder" if config.guidance_embed else "a Qwen3 text encoder"
+        wanted = TEXT_ENCODER_FOR_CONTEXT.get(need, f"{family} of width {need // 3}")
         given = TEXT_ENCODER_FOR_CONTEXT.get(got, f"a text encoder of width {got // 3}")
         raise Flux2Error(
             f"{name} needs {wanted}: {need}-wide conditioning, this {what} gives {got} "

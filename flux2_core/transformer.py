@@ -13,6 +13,9 @@ Output: the velocity for the N noisy tokens, [B, N, 128]
 models. The KV checkpoint instead modulates references at t = 0 and lets them attend only to themselves, so
 ``encode_reference_kv`` computes their per-block K/V once, from the references alone, and
 ``forward_kv_cached`` runs text and noisy tokens against that cache at every step.
+
+``comm`` (``layers.LOCAL`` in one process) splits the tokens among the processes of a sequence-parallel run
+before the blocks and gathers the image tokens after them (``parallel``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from .configs import Flux2Config, Variant
 from .errors import Flux2Error
 from .kv_cache import RefKVCache
 from .layers import (
+    LOCAL,
     DoubleStreamBlock,
     LastLayer,
     MLPEmbedder,
@@ -40,6 +44,8 @@ REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they
 
 
 class Flux2Transformer(nn.Module):
+    comm = LOCAL
+
     def __init__(self, config: Flux2Config):
         super().__init__()
         self.config = config
@@ -129,6 +135,7 @@ class Flux2Transformer(nn.Module):
     def _run_blocks(self, img, ctx, ids, mods, cache: RefKVCache | None = None):
         """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part."""
         img_mod, txt_mod, single_mod = mods
+        ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
         pe = self._rope(ids, img.device)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))
@@ -141,7 +148,7 @@ class Flux2Transformer(nn.Module):
         for i, block in enumerate(self.single_blocks):
             kv = cache.single[i] if cache is not None else None
             h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv))
-        return h[:, num_txt:]
+        return self.comm.gather_tokens(h[:, num_txt:])
 
     def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
         return cached_rotation(self._rope_cache, ids, self.config.axes_dim, self.config.theta, device)

@@ -103,7 +103,7 @@ def test_output_size_follows_the_first_reference(files, tmp_path):
 def test_wrong_text_encoder_is_reported_before_sampling(files, tmp_path, caplog):
     code, out = _run(files, tmp_path, "--width", "64", "--height", "64", model="narrow_model")
     assert code == 2 and not out.exists()
-    assert "needs a text encoder of width 8: 24-wide conditioning" in caplog.text
+    assert "needs a Qwen3 text encoder of width 8: 24-wide conditioning" in caplog.text
 
 
 def test_impossible_size_is_refused(files, tmp_path, caplog):

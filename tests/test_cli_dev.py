@@ -1,0 +1,115 @@
+"""FLUX.2 [dev] from the command line: the dev DiT and its Mistral text encoder detected from their tensors,
+the wrong pairings refused before a weight is read, and ``torchrun --nproc-per-node 2 ... --parallel
+tensor|sequence`` (gloo on the CPU) writing the single-process image from rank 0 alone."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from tiny_dit import make_diffusers_dit, write_bfl_file
+from tiny_mistral import TINY_TEXT, make_tiny_mistral3, write_hf_folder
+from tiny_text import make_tiny_qwen3
+from tiny_text import write_comfy_file as write_qwen_file
+from tiny_vae import random_vae_state_dict
+from tiny_vae import write_bfl_file as write_vae_file
+
+from flux2_core import SampleSettings, load_text_encoder, load_transformer, load_vae, sample
+from flux2_core.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "a red fox in the snow"
+STEPS, SEED, GUIDANCE = 3, 5, 4.0
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli_dev")
+    dev = make_diffusers_dit(seed=7, guidance_embeds=True, joint_attention_dim=3 * TINY_TEXT["hidden_size"])
+    return {
+        "dev": write_bfl_file(dev, root / "flux2-dev.safetensors"),
+        # an HF folder (its config.json gives the tiny head size; ComfyUI's single files hold the real 128)
+        "mistral": write_hf_folder(make_tiny_mistral3(seed=5), root / "text_encoder"),
+        "klein": write_bfl_file(
+            make_diffusers_dit(seed=8, joint_attention_dim=96), root / "klein.safetensors"
+        ),
+        "qwen": write_qwen_file(make_tiny_qwen3(seed=5), root / "qwen_3_4b.safetensors"),
+        "vae": write_vae_file(random_vae_state_dict(seed=6), root / "flux2-vae.safetensors"),
+    }
+
+
+def _argv(files, out, model="dev", encoder="mistral", *extra):
+    return ["generate", "--model", str(files[model]), "--text-encoder", str(files[encoder]),
+            "--vae", str(files["vae"]), "--prompt", PROMPT, "--width", "80", "--height", "64",
+            "--steps", str(STEPS), "--seed", str(SEED), "--output", str(out), *extra]  # fmt: skip
+
+
+def _pixels(path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB")).astype(int)
+
+
+def test_dev_runs_with_embedded_guidance_as_the_core_does(files, tmp_path):
+    out = tmp_path / "dev.png"
+    assert main(_argv(files, out)) == 0
+    model = load_transformer(files["dev"])
+    assert model.variant.name == "dev"
+    conditioning = load_text_encoder(files["mistral"]).encode([PROMPT])
+    latents = sample(model, conditioning, SampleSettings(80, 64, STEPS, GUIDANCE, SEED))
+    pixels = load_vae(files["vae"]).decode(latents)
+    expected = ((pixels[0].clamp(-1, 1) + 1) * 127.5).round().permute(1, 2, 0).numpy().astype(int)
+    assert np.array_equal(_pixels(out), expected)  # dev's defaults: guidance 4 embedded
+    other = tmp_path / "other_guidance.png"
+    assert main([*_argv(files, other), "--guidance", "2.5"]) == 0
+    assert np.abs(_pixels(other) - _pixels(out)).mean() > 1  # the guidance value reaches the model
+
+
+@pytest.mark.parametrize(
+    "model, encoder, message",
+    [
+        # tiny widths: named by family (the released widths name the model: test_mistral.py)
+        ("dev", "qwen", "needs the Mistral Small 3.x text encoder of width 16"),
+        ("klein", "mistral", "needs a Qwen3 text encoder of width 32"),
+    ],
+)
+def test_wrong_text_encoder_is_named_before_loading(files, tmp_path, caplog, model, encoder, message):
+    out = tmp_path / "x.png"
+    assert main(_argv(files, out, model, encoder)) == 2
+    assert message in caplog.text and not out.exists()
+
+
+def test_parallel_needs_torchrun_and_refuses_what_it_cannot_split(files, tmp_path, caplog, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    out = tmp_path / "x.png"
+    assert main([*_argv(files, out), "--parallel", "tensor", "--device", "cpu"]) == 2
+    assert "run under torchrun" in caplog.text
+    caplog.clear()
+    assert main([*_argv(files, out), "--parallel", "tensor", "--offload", "stream"]) == 2
+    assert "--parallel tensor cannot run with --offload stream" in caplog.text
+    assert not out.exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode", ["tensor", "sequence"])
+def test_torchrun_two_processes_write_the_single_process_image(files, tmp_path, mode):
+    single, parallel = tmp_path / "single.png", tmp_path / "parallel.png"
+    assert main(_argv(files, single, "dev", "mistral", "--device", "cpu")) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(_free_port()), "-m", "flux2_core",
+               *_argv(files, parallel, "dev", "mistral", "--device", "cpu", "--parallel", mode)]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("saved") + result.stderr.count("saved") == 1  # rank 0 alone writes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["parallel.png", "single.png"]
+    # float32 sums in another order (about 1e-6 on the latents): at most one 8-bit level apart
+    assert np.abs(_pixels(parallel) - _pixels(single)).max() <= 1

@@ -1,0 +1,111 @@
+"""One DiT split across devices in one process (``placement``): the split follows the weight bytes, every
+block's inputs are moved to its device, and the output is bit-identical to the unsplit model. Two CPU
+"devices" stand in for two GPUs here (the moves are then no-ops that are still made and counted); the test on
+real GPUs runs when two are present."""
+
+import pytest
+import torch
+from tiny_dit import make_diffusers_dit, write_bfl_file
+
+from flux2_core import load_transformer
+from flux2_core import placement as placement_module
+from flux2_core.errors import Flux2Error
+from flux2_core.flux1 import Flux1Transformer
+from flux2_core.flux1.config import Flux1Config
+from flux2_core.placement import parse_devices, place_blocks, plan_split, remove_placement
+from flux2_core.rope import image_ids, reference_ids, text_ids
+
+
+def test_plan_split_follows_the_shares_and_keeps_runs_contiguous():
+    assert plan_split([10] * 8, [1, 1]) == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert plan_split([10] * 8, [1, 3]) == [0, 0, 1, 1, 1, 1, 1, 1]
+    # the parts outside the blocks count on the first device
+    assert plan_split([10] * 8, [1, 1], first_extra=40) == [0, 0, 1, 1, 1, 1, 1, 1]
+    assert plan_split([10] * 6, [1, 1, 1]) == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(Flux2Error, match="shares"):
+        plan_split([10], [0, 0])
+
+
+def _inputs(config, batch=2):
+    torch.manual_seed(0)
+    x_ids, ref_ids = image_ids(4, 6), reference_ids([(4, 4)])
+    return dict(
+        x=torch.randn(batch, 24, config.in_channels),
+        x_ids=x_ids,
+        t=torch.tensor([0.7] * batch),
+        ctx=torch.randn(batch, 7, config.context_in_dim),
+        ctx_ids=text_ids(7),
+        ref=torch.randn(1, 16, config.in_channels),
+        ref_ids=ref_ids,
+    )
+
+
+def test_split_klein_is_bit_identical_and_moves_every_block_input(tmp_path, monkeypatch):
+    model = load_transformer(write_bfl_file(make_diffusers_dit(seed=3), tmp_path / "klein.safetensors"))
+    net = model.transformer
+    args = _inputs(net.config)
+    with torch.no_grad():
+        whole = net(**args)
+    moves = []
+    device_of = placement_module._device_of
+
+    def counting_device_of(module):  # once per hook call: a block (or the final layer) about to run
+        moves.append(device_of(module))
+        return moves[-1]
+
+    placement = place_blocks(net, ["cpu", "cpu"])
+    blocks = len(net.blocks())
+    block_bytes = [sum(p.nbytes for p in b.parameters()) for b in net.blocks()]
+    rest = sum(p.nbytes for p in net.parameters()) - sum(block_bytes)
+    assert placement.block_device == plan_split(block_bytes, [1, 1], rest)
+    assert set(placement.block_device) == {0, 1} and placement.block_device == sorted(placement.block_device)
+    monkeypatch.setattr(placement_module, "_device_of", counting_device_of)
+    with torch.no_grad():
+        split = net(**args)
+    monkeypatch.undo()
+    assert torch.equal(split, whole)
+    assert moves == [torch.device("cpu")] * (blocks + 1)  # each block's inputs, then the final layer's
+    assert "blocks 0-" in placement.describe()
+    remove_placement(net)
+    assert not net.blocks()[0]._forward_pre_hooks
+
+
+def test_split_fill_model_is_bit_identical():
+    torch.manual_seed(0)
+    net = Flux1Transformer(Flux1Config(hidden_size=256, num_heads=2, depth=2, depth_single_blocks=2,
+                                       context_in_dim=32, vec_in_dim=16)).eval()  # fmt: skip
+    for p in net.parameters():
+        torch.nn.init.normal_(p, 0, 0.05)
+    from flux2_core.flux1.transformer import image_ids as fill_ids
+    from flux2_core.flux1.transformer import text_ids as fill_text_ids
+
+    args = (torch.randn(1, 12, 384), fill_ids(3, 4), torch.tensor([0.5]), torch.randn(1, 5, 32),
+            fill_text_ids(5), torch.randn(1, 16), torch.tensor([30.0]))  # fmt: skip
+    with torch.no_grad():
+        whole = net(*args)
+        place_blocks(net, ["cpu", "cpu", "cpu"])
+        assert torch.equal(net(*args), whole)
+
+
+def test_device_list_is_checked():
+    assert parse_devices("cpu, cpu") == [torch.device("cpu")] * 2
+    with pytest.raises(Flux2Error, match="not a device name"):
+        parse_devices("gpu0")
+    with pytest.raises(Flux2Error, match="does not exist"):
+        parse_devices(f"cuda:{torch.cuda.device_count()}")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="splitting across GPUs needs two CUDA devices")
+def test_split_across_two_gpus_matches_one(tmp_path):
+    model = load_transformer(write_bfl_file(make_diffusers_dit(seed=3), tmp_path / "klein.safetensors"))
+    net = model.transformer.to("cuda:0")
+    args = {
+        k: v.to("cuda:0") if k not in ("x_ids", "ctx_ids", "ref_ids") else v
+        for k, v in _inputs(net.config).items()
+    }
+    with torch.no_grad():
+        whole = net(**args)
+        placement = place_blocks(net, ["cuda:0", "cuda:1"])
+        split = net(**args)
+    assert placement.bytes_per_device["cuda:1"] > 0
+    torch.testing.assert_close(split, whole, rtol=0, atol=1e-5)
