@@ -219,6 +219,7 @@ def _generate(args: argparse.Namespace, fill: bool, ranks) -> list[Path]:
     width, height = output_size(args.width, args.height, edit.size if edit else (sizes[0] if sizes else None))
     config, dit_bytes, checkpoint = weight_bytes(DIT_SPEC, args.model, dtype)
     variant = transformer_variant(checkpoint, config, args.variant)
+    variant.check_references(len(images) + (1 if edit is not None and edit.mask is not None else 0))
     text_encoder, vae_path = inputs.companions(args, config.context_in_dim)
     steps = variant.default_steps if args.steps is None else args.steps
     guidance = variant.default_guidance if args.guidance is None else args.guidance

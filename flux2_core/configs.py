@@ -123,6 +123,14 @@ class Variant:
     default_guidance: float
     guidance: GuidanceKind
     kv_cache: bool = False  # reference K/V are computed once and reused (9B-KV checkpoint)
+    max_references: int | None = None  # None: as many as memory allows
+
+    def check_references(self, count: int) -> None:
+        if self.max_references is not None and count > self.max_references:
+            raise Flux2Error(
+                f"{count} reference images: the {self.name} model takes up to {self.max_references} (BFL's "
+                "figure for FLUX.2 [dev]); combine fewer, or stitch several into one image"
+            )
 
     @property
     def uses_cfg(self) -> bool:
@@ -137,7 +145,7 @@ VARIANTS = {
     "distilled": Variant("distilled", default_steps=4, default_guidance=1.0, guidance="none"),
     "base": Variant("base", default_steps=50, default_guidance=4.0, guidance="cfg"),
     "kv": Variant("kv", default_steps=4, default_guidance=1.0, guidance="none", kv_cache=True),
-    "dev": Variant("dev", default_steps=50, default_guidance=4.0, guidance="embedded"),
+    "dev": Variant("dev", default_steps=50, default_guidance=4.0, guidance="embedded", max_references=10),
 }
 
 

@@ -149,6 +149,7 @@ def sample(
     """
     check_request(*settings_numbers(settings))
     check_conditioning(model, positive)
+    model.variant.check_references(len(references) if references is not None else 0)
     use_cfg = model.variant.uses_cfg and settings.guidance > 1.0
     if use_cfg and negative is None:
         raise Flux2Error(

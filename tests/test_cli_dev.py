@@ -113,3 +113,11 @@ def test_torchrun_two_processes_write_the_single_process_image(files, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["parallel.png", "single.png"]
     # float32 sums in another order (about 1e-6 on the latents): at most one 8-bit level apart
     assert np.abs(_pixels(parallel) - _pixels(single)).max() <= 1
+
+
+def test_dev_takes_up_to_ten_references(files, tmp_path, caplog):
+    image = tmp_path / "ref.png"
+    Image.fromarray(np.full((64, 64, 3), 128, dtype=np.uint8)).save(image)
+    out = tmp_path / "x.png"
+    assert main([*_argv(files, out), *["--reference", str(image)] * 11]) == 2
+    assert "11 reference images: the dev model takes up to 10" in caplog.text and not out.exists()
