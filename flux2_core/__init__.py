@@ -61,6 +61,7 @@ from .parallel import (
     parallelize_sequence,
 )
 from .parallel_load import load_transformer_parallel, planned_weight_bytes
+from .placement import BlockPlacement, parse_devices, place_blocks, remove_placement
 from .references import (
     FIT_MODES,
     MAX_REFERENCE_PIXELS,
@@ -101,6 +102,7 @@ __all__ = [
     "MAX_REFERENCE_PIXELS",
     "VARIANTS",
     "AutoEncoder",
+    "BlockPlacement",
     "Distributed",
     "Family",
     "FillConditioning",
@@ -150,6 +152,8 @@ __all__ = [
     "load_vae",
     "make_noise",
     "outpaint_canvas",
+    "parse_devices",
+    "place_blocks",
     "parallel_info",
     "parallelize_sequence",
     "parse_block_strengths",
@@ -160,6 +164,7 @@ __all__ = [
     "prepare_reference",
     "processed_size",
     "read_lora",
+    "remove_placement",
     "sample",
     "sample_fill",
     "settings_numbers",

@@ -31,8 +31,8 @@ from .checkpoint import Checkpoint, tensor_shape
 from .configs import FLUX2, preset_name
 from .errors import Flux2Error
 from .keymaps import MISTRAL, MISTRAL_PREFIXES, strip_prefix
+from .llm import build_decoder
 from .loading import ComponentSpec, block_count
-from .ops import adopt_linears
 from .tekken import (
     MISTRAL_TEMPLATE,
     PAD_ID,
@@ -103,26 +103,8 @@ def build_mistral(shape: MistralShape, num_layers: int = MISTRAL_LAYERS_RUN) -> 
     """A ``transformers.MistralModel`` of ``num_layers`` layers on the meta device; final norm = Identity."""
     from transformers import MistralConfig, MistralModel
 
-    config = MistralConfig(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-        rope_theta=shape.rope_theta,
-        rms_norm_eps=shape.rms_norm_eps,
-        max_position_embeddings=131072,
-        sliding_window=None,
-        tie_word_embeddings=False,
-        use_cache=False,
-        attn_implementation="sdpa",
-    )
-    with torch.device("meta"):
-        model = MistralModel(config)
-    model.norm = torch.nn.Identity()  # h30 must be the raw residual stream, not the final-norm output
-    return adopt_linears(model)  # every projection computes through ops.Linear
+    extra = dict(max_position_embeddings=131072, sliding_window=None)
+    return build_decoder(MistralConfig, MistralModel, shape, num_layers, **extra)  # h30: the raw stream
 
 
 def is_mistral(checkpoint: Checkpoint) -> bool:

@@ -26,10 +26,10 @@ from .configs import FLUX2, preset_name
 from .errors import Flux2Error
 from .hooks import before_each, calling
 from .keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
+from .llm import build_decoder
 from .loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint, read_config
 from .lora import TE, patched
 from .mistral import MISTRAL_SPEC, MistralShape, builtin_tekken, describe_mistral, is_mistral, mistral_prompt
-from .ops import adopt_linears
 from .tokenizer import (
     NUM_BPE_TOKENS,
     PAD_TOKEN_ID,
@@ -247,26 +247,8 @@ def build_qwen3(shape: Qwen3Shape, num_layers: int = NUM_LAYERS_RUN) -> torch.nn
     """A ``transformers.Qwen3Model`` of ``num_layers`` layers on the meta device; final norm = Identity."""
     from transformers import Qwen3Config, Qwen3Model
 
-    config = Qwen3Config(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-        rope_theta=shape.rope_theta,
-        rms_norm_eps=shape.rms_norm_eps,
-        max_position_embeddings=40960,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        use_cache=False,
-        attn_implementation="sdpa",
-    )
-    with torch.device("meta"):
-        model = Qwen3Model(config)
-    model.norm = torch.nn.Identity()  # h27 must be the raw residual stream, not the final-norm output
-    return adopt_linears(model)  # every projection computes through ops.Linear
+    extra = dict(max_position_embeddings=40960, attention_bias=False)
+    return build_decoder(Qwen3Config, Qwen3Model, shape, num_layers, **extra)  # h27: the raw stream
 
 
 def identify_qwen3(names: dict[str, str], checkpoint: Checkpoint) -> None:

@@ -43,7 +43,33 @@ from .rope import cached_rotation
 REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they were clean (t = 0)
 
 
-class Flux2Transformer(nn.Module):
+class DiT(nn.Module):
+    """What every FLUX DiT of the pack shares around its own blocks: its compute dtype and device (those of
+    ``img_in``), its blocks in run order (``double_blocks`` then ``single_blocks``: hooks, streaming,
+    placement, compile) and a cached RoPE table."""
+
+    def __init__(self):
+        super().__init__()
+        self._rope_cache: dict[tuple, torch.Tensor] = {}
+        self.compute_dtype: torch.dtype | None = None  # set by the loader: quantised weights are not it
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.compute_dtype or self.img_in.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.img_in.weight.device
+
+    def blocks(self) -> list[nn.Module]:
+        """Every block in the order they run (for per-block hooks)."""
+        return [*self.double_blocks, *self.single_blocks]
+
+    def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return cached_rotation(self._rope_cache, ids, self.config.axes_dim, self.config.theta, device)
+
+
+class Flux2Transformer(DiT):
     comm = LOCAL
 
     def __init__(self, config: Flux2Config):
@@ -66,20 +92,6 @@ class Flux2Transformer(nn.Module):
             SingleStreamBlock(hidden, heads, mlp) for _ in range(config.depth_single_blocks)
         )
         self.final_layer = LastLayer(hidden, config.in_channels)
-        self._rope_cache: dict[tuple, torch.Tensor] = {}
-        self.compute_dtype: torch.dtype | None = None  # set by the loader: quantised weights are not it
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.compute_dtype or self.img_in.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.img_in.weight.device
-
-    def blocks(self) -> list[nn.Module]:
-        """Every block in the order they run (for per-block hooks)."""
-        return [*self.double_blocks, *self.single_blocks]
 
     def forward(self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None):
         num_img = x.shape[1]
@@ -149,9 +161,6 @@ class Flux2Transformer(nn.Module):
             kv = cache.single[i] if cache is not None else None
             h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv))
         return self.comm.gather_tokens(h[:, num_txt:])
-
-    def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return cached_rotation(self._rope_cache, ids, self.config.axes_dim, self.config.theta, device)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from ..layers import (
     timestep_embedding,
 )
 from ..ops import Linear
-from ..rope import cached_rotation
+from ..transformer import DiT
 from .config import Flux1Config
 
 
@@ -57,7 +57,7 @@ class Flux1SingleBlock(SingleStreamBlock):
         return super().forward(x, self.modulation(vec)[0], pe, num_txt)
 
 
-class Flux1Transformer(nn.Module):
+class Flux1Transformer(DiT):
     def __init__(self, config: Flux1Config):
         super().__init__()
         self.config = config
@@ -73,20 +73,6 @@ class Flux1Transformer(nn.Module):
             Flux1SingleBlock(hidden, heads, mlp) for _ in range(config.depth_single_blocks)
         )
         self.final_layer = LastLayer(hidden, config.out_channels, bias=True)
-        self._rope_cache: dict[tuple, torch.Tensor] = {}
-        self.compute_dtype: torch.dtype | None = None  # set by the loader: quantised weights are not it
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.compute_dtype or self.img_in.weight.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.img_in.weight.device
-
-    def blocks(self) -> list[nn.Module]:
-        """Every block in the order they run (for per-block hooks)."""
-        return [*self.double_blocks, *self.single_blocks]
 
     def forward(self, x, x_ids, t, ctx, ctx_ids, y, guidance=None):
         dtype = x.dtype
@@ -106,9 +92,6 @@ class Flux1Transformer(nn.Module):
         for block in self.single_blocks:
             h = block(h, vec, pe, num_txt=num_txt)
         return self.final_layer(h[:, num_txt:], vec)
-
-    def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return cached_rotation(self._rope_cache, ids, self.config.axes_dim, self.config.theta, device)
 
 
 @dataclass

@@ -1,0 +1,33 @@
+"""The decoder-only language models FLUX.2 reads its text conditioning from (Qwen3, Mistral Small), built
+through transformers on the meta device and cut to the layers whose hidden states are used."""
+
+from __future__ import annotations
+
+import torch
+
+from .ops import adopt_linears
+
+
+def build_decoder(config_cls, model_cls, shape, num_layers: int, **extra) -> torch.nn.Module:
+    """A ``model_cls`` of ``num_layers`` layers from the sizes of ``shape`` (read from the file), with the
+    final norm replaced by an identity (the last hidden state used must be the raw residual stream, not the
+    normed one) and every projection computing through ``ops.Linear``. ``extra``: the family's own config."""
+    config = config_cls(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        rope_theta=shape.rope_theta,
+        rms_norm_eps=shape.rms_norm_eps,
+        tie_word_embeddings=False,
+        use_cache=False,
+        attn_implementation="sdpa",
+        **extra,
+    )
+    with torch.device("meta"):
+        model = model_cls(config)
+    model.norm = torch.nn.Identity()
+    return adopt_linears(model)
