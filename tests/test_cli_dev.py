@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from tiny_dit import make_diffusers_dit, write_bfl_file
+from tiny_flux1 import make_tiny_t5, write_t5_file
 from tiny_mistral import TINY_TEXT, make_tiny_mistral3, write_hf_folder
 from tiny_text import make_tiny_qwen3
 from tiny_text import write_comfy_file as write_qwen_file
@@ -39,6 +40,7 @@ def files(tmp_path_factory):
         ),
         "qwen": write_qwen_file(make_tiny_qwen3(seed=5), root / "qwen_3_4b.safetensors"),
         "vae": write_vae_file(random_vae_state_dict(seed=6), root / "flux2-vae.safetensors"),
+        "t5": write_t5_file(make_tiny_t5(seed=2), root / "t5xxl_fp16.safetensors"),
     }
 
 
@@ -73,6 +75,7 @@ def test_dev_runs_with_embedded_guidance_as_the_core_does(files, tmp_path):
         # tiny widths: named by family (the released widths name the model: test_mistral.py)
         ("dev", "qwen", "needs the Mistral Small 3.x text encoder of width 16"),
         ("klein", "mistral", "needs a Qwen3 text encoder of width 32"),
+        ("dev", "t5", "is a FLUX.1 text encoder (T5-XXL or CLIP-L, for FLUX.1 Fill [dev]): FLUX.2 models"),
     ],
 )
 def test_wrong_text_encoder_is_named_before_loading(files, tmp_path, caplog, model, encoder, message):
