@@ -28,14 +28,15 @@ class BlockPlacement:
 
     devices: list[torch.device]
     block_device: list[int]  # per block (run order): index into ``devices``
-    bytes_per_device: dict[str, int] = field(default_factory=dict)
+    bytes_per_device: list[int] = field(default_factory=list)  # weight bytes per entry of ``devices``
 
     def describe(self) -> str:
         parts = []
         for i, device in enumerate(self.devices):
             blocks = [b for b, d in enumerate(self.block_device) if d == i]
             span = f"blocks {blocks[0]}-{blocks[-1]}" if blocks else "no blocks"
-            parts.append(f"{device}: {span}, {self.bytes_per_device.get(str(device), 0) / 2**30:.2f} GB")
+            extra = " and the rest" if i == 0 else ""
+            parts.append(f"{device}: {span}{extra}, {self.bytes_per_device[i] / 1e9:.2f} GB")
         return "; ".join(parts)
 
 
@@ -103,12 +104,9 @@ def place_blocks(net: nn.Module, devices: Sequence[torch.device | str], shares=N
     if final is not None:
         handles.append(final.register_forward_pre_hook(_to_own_device, with_kwargs=True))
     setattr(net, HOOKS, handles)
-    placement = BlockPlacement(devices, plan)
-    for device in devices:
-        placement.bytes_per_device[str(device)] = 0
-    placement.bytes_per_device[str(devices[0])] = rest
+    placement = BlockPlacement(devices, plan, [rest] + [0] * (len(devices) - 1))
     for nbytes, index in zip(block_bytes, plan):
-        placement.bytes_per_device[str(devices[index])] += nbytes
+        placement.bytes_per_device[index] += nbytes
     return placement
 
 

@@ -275,13 +275,14 @@ def identify_qwen3(names: dict[str, str], checkpoint: Checkpoint) -> None:
             f"{what} is a diffusion model (DiT), not a text encoder: load it with the model loader and "
             "choose the Qwen3 text encoder file (e.g. qwen_3_4b.safetensors) here"
         )
-    if any(
-        k.startswith(("encoder.block.", "shared.", "text_model.", "embeddings.token_embedding")) for k in keys
-    ):
+    flux1 = "T5-XXL" if any(k.startswith(("encoder.block.", "shared.")) for k in keys) else None
+    if flux1 is None and any(k.startswith(("text_model.", "embeddings.token_embedding")) for k in keys):
+        flux1 = "CLIP-L"
+    if flux1 is not None:
         raise Flux2Error(
-            f"{what} is a FLUX.1 text encoder (T5-XXL or CLIP-L, for FLUX.1 Fill [dev]): FLUX.2 models read "
-            "Qwen3 (klein 4B: qwen_3_4b.safetensors, klein 9B: Qwen3-8B) or Mistral Small 3.x (dev: "
-            "mistral_3_small_flux2_bf16.safetensors)"
+            f"{what} is {flux1}, a FLUX.1 text encoder (for FLUX.1 Fill [dev]'s text encoder loader), not a "
+            "FLUX.2 one: FLUX.2 models read Qwen3 (klein 4B: qwen_3_4b.safetensors, klein 9B: "
+            "qwen_3_8b.safetensors) or Mistral Small 3.x (dev: mistral_3_small_flux2_bf16.safetensors)"
         )
     if "embed_tokens.weight" not in names or not any(_LAYER_KEY.match(k) for k in keys):
         raise Flux2Error(

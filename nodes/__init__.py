@@ -1,4 +1,7 @@
-"""The node classes ComfyUI registers (V1 API). Node ids are a public contract: never rename one."""
+"""The node classes ComfyUI registers (V1 API). Node ids are a public contract: never rename one.
+
+The FLUX.2 nodes serve klein and dev alike, so their display names say "FLUX.2" (their ids keep "Klein");
+the LoRA loader is klein's only and keeps "[klein]" in its name."""
 
 from .decode import Flux2KleinDecode
 from .editing import Flux2KleinComposite, Flux2KleinEncode, Flux2KleinInpaintPrepare, Flux2KleinOutpaintPad
@@ -32,17 +35,17 @@ NODE_CLASS_MAPPINGS = {
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
-    "Flux2KleinModelLoader": "FLUX.2 [klein] Model Loader",
-    "Flux2KleinTextEncoderLoader": "FLUX.2 [klein] Text Encoder Loader",
-    "Flux2KleinVAELoader": "FLUX.2 [klein] VAE Loader",
-    "Flux2KleinTextEncode": "FLUX.2 [klein] Text Encode",
-    "Flux2KleinReferenceEncode": "FLUX.2 [klein] Reference Encode",
-    "Flux2KleinSampler": "FLUX.2 [klein] Sampler",
-    "Flux2KleinDecode": "FLUX.2 [klein] Decode",
-    "Flux2KleinEncode": "FLUX.2 [klein] Encode",
-    "Flux2KleinInpaintPrepare": "FLUX.2 [klein] Inpaint Prepare",
-    "Flux2KleinComposite": "FLUX.2 [klein] Composite",
-    "Flux2KleinOutpaintPad": "FLUX.2 [klein] Outpaint Pad",
+    "Flux2KleinModelLoader": "FLUX.2 Model Loader",
+    "Flux2KleinTextEncoderLoader": "FLUX.2 Text Encoder Loader",
+    "Flux2KleinVAELoader": "FLUX.2 VAE Loader",
+    "Flux2KleinTextEncode": "FLUX.2 Text Encode",
+    "Flux2KleinReferenceEncode": "FLUX.2 Reference Encode",
+    "Flux2KleinSampler": "FLUX.2 Sampler",
+    "Flux2KleinDecode": "FLUX.2 Decode",
+    "Flux2KleinEncode": "FLUX.2 Encode",
+    "Flux2KleinInpaintPrepare": "FLUX.2 Inpaint Prepare",
+    "Flux2KleinComposite": "FLUX.2 Composite",
+    "Flux2KleinOutpaintPad": "FLUX.2 Outpaint Pad",
     "Flux2KleinLoraLoader": "FLUX.2 [klein] LoRA Loader",
     "Flux1FillModelLoader": "FLUX.1 Fill [dev] Model Loader",
     "Flux1FillTextEncoderLoader": "FLUX.1 Fill [dev] Text Encoder Loader",

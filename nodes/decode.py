@@ -39,8 +39,8 @@ class Flux2KleinDecode:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "vae": socket(types.VAE, "From FLUX.2 [klein] VAE Loader."),
-                "latent": socket(types.LATENT, "FLUX.2 latents, e.g. from FLUX.2 [klein] Sampler."),
+                "vae": socket(types.VAE, "From FLUX.2 VAE Loader."),
+                "latent": socket(types.LATENT, "FLUX.2 latents, e.g. from FLUX.2 Sampler."),
             },
             "optional": tile_inputs(),
         }

@@ -40,7 +40,7 @@ class Flux2KleinEncode:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "vae": socket(types.VAE, "From FLUX.2 [klein] VAE Loader."),
+                "vae": socket(types.VAE, "From FLUX.2 VAE Loader."),
                 "image": socket(types.IMAGE, "The images to start from (a batch gives a batch of latents)."),
             }
         }
@@ -65,7 +65,7 @@ class Flux2KleinInpaintPrepare:
     DESCRIPTION = (
         "Prepares an inpaint: the image (or, with crop_to_mask, the mask's box plus some context) at the "
         "model's resolution, its latent with the mask for the sampler, the references with the image first, "
-        "and what FLUX.2 [klein] Composite needs to put the result back over the original."
+        "and what FLUX.2 Composite needs to put the result back over the original."
     )
     CATEGORY = "flux2_klein/inpaint"
     RETURN_TYPES = (types.LATENT, types.REFERENCES, types.STITCH)
@@ -73,7 +73,7 @@ class Flux2KleinInpaintPrepare:
     OUTPUT_TOOLTIPS = (
         "The source latent with its noise_mask: connect it to the sampler's latent input.",
         "The source image as reference 1, then the extra references: connect them to the sampler.",
-        "For FLUX.2 [klein] Composite.",
+        "For FLUX.2 Composite.",
     )
     FUNCTION = "prepare"
 
@@ -81,7 +81,7 @@ class Flux2KleinInpaintPrepare:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "vae": socket(types.VAE, "From FLUX.2 [klein] VAE Loader."),
+                "vae": socket(types.VAE, "From FLUX.2 VAE Loader."),
                 "image": socket(types.IMAGE, "The image to inpaint (one image)."),
                 "mask": socket(types.MASK, "White / 1 = repaint, black / 0 = keep (e.g. Load Image's MASK)."),
             },
@@ -141,11 +141,9 @@ class Flux2KleinComposite:
             "required": {
                 "image": socket(
                     types.IMAGE,
-                    "The decoded inpaint result (FLUX.2 [klein] Decode or FLUX.1 Fill [dev] Decode).",
+                    "The decoded inpaint result (FLUX.2 Decode or FLUX.1 Fill [dev] Decode).",
                 ),
-                "stitch": socket(
-                    types.STITCH, "From FLUX.2 [klein] Inpaint Prepare or FLUX.1 Fill [dev] Sampler."
-                ),
+                "stitch": socket(types.STITCH, "From FLUX.2 Inpaint Prepare or FLUX.1 Fill [dev] Sampler."),
                 "feather": socket(
                     "INT", "Blend width in pixels, inside the mask.", default=8, min=0, max=256
                 ),
@@ -160,7 +158,7 @@ class Flux2KleinComposite:
 class Flux2KleinOutpaintPad:
     DESCRIPTION = (
         "Adds space around an image for outpainting: the new area is grey and masked for repainting, the "
-        "mask fading into the original's edge over feather pixels. Feed both to FLUX.2 [klein] Inpaint "
+        "mask fading into the original's edge over feather pixels. Feed both to FLUX.2 Inpaint "
         "Prepare or to the FLUX.1 Fill [dev] Sampler."
     )
     CATEGORY = "flux2_klein/inpaint"

@@ -1,7 +1,7 @@
 """FLUX.1 Fill [dev] nodes: encode a prompt, inpaint / outpaint an image under a mask, decode.
 
 The sampler does what Inpaint Prepare does for klein (grow the mask, crop to it, scale to about 1 MP) and
-returns, beside the latent, the stitch that FLUX.2 [klein] Composite takes to put the result back over the
+returns, beside the latent, the stitch that FLUX.2 Composite takes to put the result back over the
 original, so every pixel outside the mask stays the original's. Its LATENT is native FLUX.1's
 (``{"samples": [B, 16, H/8, W/8]}``, raw), which native VAE Decode decodes with ae.safetensors as well.
 """
@@ -38,7 +38,7 @@ TOOLTIPS = {
     "model": "From FLUX.1 Fill [dev] Model Loader.",
     "positive": "The prompt, from FLUX.1 Fill [dev] Text Encode.",
     "vae": "From FLUX.1 Fill [dev] VAE Loader: encodes the image under the mask.",
-    "image": "The image to inpaint (one image), or the canvas of FLUX.2 [klein] Outpaint Pad.",
+    "image": "The image to inpaint (one image), or the canvas of FLUX.2 Outpaint Pad.",
     "mask": "White / 1 = paint, black / 0 = keep (Load Image's MASK, or Outpaint Pad's). Read at 0.5: a "
     "mask value of at least 0.5 is painted, so a white PNG read as 0.996 hides every pixel under it.",
     "seed": "Noise seed. The noise is drawn on the CPU (as native ComfyUI does), so a seed gives the same "
@@ -90,16 +90,16 @@ class Flux1FillTextEncode:
 
 class Flux1FillSampler:
     DESCRIPTION = (
-        "Inpaints (or, after FLUX.2 [klein] Outpaint Pad, outpaints) with FLUX.1 Fill [dev]: the model sees "
+        "Inpaints (or, after FLUX.2 Outpaint Pad, outpaints) with FLUX.1 Fill [dev]: the model sees "
         "the image with the masked area blanked and the mask, and paints that area. Decode the latent with "
-        "FLUX.1 Fill [dev] Decode, then put it back over the original with FLUX.2 [klein] Composite (stitch)."
+        "FLUX.1 Fill [dev] Decode, then put it back over the original with FLUX.2 Composite (stitch)."
     )
     CATEGORY = "flux1_fill/sampling"
     RETURN_TYPES = (types.LATENT, types.STITCH)
     RETURN_NAMES = ("latent", "stitch")
     OUTPUT_TOOLTIPS = (
         "FLUX.1 latents [batch, 16, height/8, width/8] of the sampled area (native FLUX.1 layout).",
-        "For FLUX.2 [klein] Composite: the original image, the sampled box and the mask.",
+        "For FLUX.2 Composite: the original image, the sampled box and the mask.",
     )
     FUNCTION = "sample"
 
@@ -162,7 +162,7 @@ class Flux1FillSampler:
 class Flux1FillDecode:
     DESCRIPTION = (
         "Decodes FLUX.1 latents (the Fill sampler's, or native FLUX.1 ones) to images with the FLUX.1 VAE: "
-        "the raw decode of the sampled area; FLUX.2 [klein] Composite puts it back over the original."
+        "the raw decode of the sampled area; FLUX.2 Composite puts it back over the original."
     )
     CATEGORY = "flux1_fill/latent"
     RETURN_TYPES = (types.IMAGE,)

@@ -72,17 +72,22 @@ def full_path(folder: str, name: str) -> str:
     return folder_paths.get_full_path_or_raise(folder, name)
 
 
-def devices(role: str, cpu: bool = False) -> tuple[torch.device, torch.device]:
-    """(load device, offload device) that ComfyUI chooses for a "diffusion_model", "text_encoder" or "vae"."""
+def devices(
+    role: str, cpu: bool = False, device: torch.device | None = None
+) -> tuple[torch.device, torch.device]:
+    """(load device, offload device) that ComfyUI chooses for a "diffusion_model", "text_encoder" or "vae";
+    ``device``: the load device chosen by the user instead (the offload device stays ComfyUI's)."""
     import comfy.model_management as mm
 
     if cpu:
         return torch.device("cpu"), torch.device("cpu")
     if role == "diffusion_model":
-        return mm.get_torch_device(), mm.unet_offload_device()
-    if role == "text_encoder":
-        return mm.text_encoder_device(), mm.text_encoder_offload_device()
-    return mm.vae_device(), mm.vae_offload_device()
+        load, offload = mm.get_torch_device(), mm.unet_offload_device()
+    elif role == "text_encoder":
+        load, offload = mm.text_encoder_device(), mm.text_encoder_offload_device()
+    else:
+        load, offload = mm.vae_device(), mm.vae_offload_device()
+    return (device if device is not None else load), offload
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -123,10 +128,16 @@ def on_unload(patcher, callback) -> None:
 def load(patcher, memory_required: int = 0) -> None:
     """Move the whole module to its load device, letting ComfyUI evict other models first so that
     ``memory_required`` bytes stay free for the activations."""
+    load_all([patcher], memory_required)
+
+
+def load_all(patchers: list, memory_required: int = 0) -> None:
+    """``load`` for the parts of one model on several devices (a DiT split by blocks), in one call: ComfyUI
+    frees room on every device they use (``memory_required`` on each) before it moves any of them."""
     import comfy.model_management as mm
 
     with out_of_memory("loading the model", "free memory (unload other models) or use a smaller model"):
-        mm.load_models_gpu([patcher], memory_required=memory_required, force_full_load=True)
+        mm.load_models_gpu(list(patchers), memory_required=memory_required, force_full_load=True)
 
 
 @contextlib.contextmanager

@@ -3,9 +3,14 @@
 The base weights are never changed: the LoRA travels with the returned model and is added on top while it
 samples (on quantised bases too: fp8, nvfp4, int8 and GGUF stay quantised). The input model keeps working
 without it, and both share one copy of the weights in memory. Chain loaders for several LoRAs.
+
+klein only: a FLUX.2 [dev] model is refused by name (the core's LoRA matching, its messages and its tests are
+klein's; dev LoRAs have not been checked against a reference), so this node keeps its "[klein]" name.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ..flux2_core import Flux2Error, parse_block_strengths, prepare_lora, read_lora
 from . import types
@@ -15,7 +20,7 @@ from .types import socket
 MAX_STRENGTH = 10.0
 
 TOOLTIPS = {
-    "model": "From FLUX.2 [klein] Model Loader (or another LoRA loader, to chain LoRAs).",
+    "model": "A klein model from FLUX.2 Model Loader (or another LoRA loader, to chain LoRAs).",
     "lora_name": "A LoRA .safetensors from models/loras, in any common layout (ai-toolkit, kohya / musubi, "
     "diffusers / PEFT, fal, OneTrainer, DiffSynth, LyCORIS LoKr / LoHa, DoRA). It must be made for this "
     "model's size: a 9B LoRA does not fit klein 4B.",
@@ -72,13 +77,19 @@ class Flux2KleinLoraLoader:
             raise Flux2Error(
                 f"strength {strength} is out of range: use -{MAX_STRENGTH:g} to {MAX_STRENGTH:g}"
             )
+        if model.model.variant.embeds_guidance:
+            raise Flux2Error(
+                f"{model.model.name} is FLUX.2 [dev]: the FLUX.2 [klein] LoRA Loader applies LoRAs to klein "
+                "models only (LoRAs on dev are not supported yet). Connect the model loader straight to the "
+                "sampler, or load a klein model for this LoRA"
+            )
         lora_file = read_lora(_path("loras", lora_name))
         encoder = text_encoder.encoder.model if text_encoder is not None else None
         lora = prepare_lora(
             lora_file, model.model.transformer, encoder, strength, block_strengths or None, name=lora_name
         )
         report = lora.report.text()  # also in the log, from prepare_lora
-        patched = types.KleinModel(model.model.with_lora(lora), model.patcher)  # the same weights, shared
+        patched = dataclasses.replace(model, model=model.model.with_lora(lora))  # the same weights, shared
         if text_encoder is not None:
-            text_encoder = types.KleinTextEncoder(text_encoder.encoder.with_lora(lora), text_encoder.patcher)
+            text_encoder = dataclasses.replace(text_encoder, encoder=text_encoder.encoder.with_lora(lora))
         return {"ui": {"text": [report]}, "result": (patched, report, text_encoder)}

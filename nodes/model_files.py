@@ -2,10 +2,10 @@
 
 One table for the loaders (an empty folder names the file to get and its link), the bundled workflows
 (their per-node ``models`` download entries, which ComfyUI's frontend offers when a file is missing) and
-the README. Links are those of ComfyUI's official klein and FLUX.1 Fill templates or the BFL repos; a file
-no known repo ships as a single file has no link rather than a guessed one. Sizes: klein's bf16 files from
-the parameter counts, FLUX.1's as published (bf16 DiT, fp16 T5, fp32 VAE). Nothing in the pack downloads
-by itself. Imports nothing, so scripts can read it without ComfyUI.
+the README. Links are those of ComfyUI's official klein, FLUX.2 [dev] and FLUX.1 Fill templates or the BFL
+repos; a file no known repo ships as a single file has no link rather than a guessed one. Sizes: klein's and
+dev's from the parameter counts (fp8: one byte per weight), FLUX.1's as published (bf16 DiT, fp16 T5, fp32
+VAE). Nothing in the pack downloads by itself. Imports nothing, so scripts can read it without ComfyUI.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def _comfy(repo: str, folder: str, name: str) -> str:
 
 
 APACHE, FLUX_NC = "Apache-2.0", "FLUX non-commercial licence"
+DEV_NC = "FLUX.2 [dev] non-commercial licence"
 FILES = {
     f.name: f
     for f in (
@@ -73,6 +74,24 @@ FILES = {
         ModelFile("flux2-vae.safetensors", "vae",
                   _comfy("Comfy-Org/flux2-dev", "vae", "flux2-vae.safetensors"),
                   "Comfy-Org/flux2-dev", APACHE, 0.17, "the FLUX.2 VAE, for every model"),
+        # FLUX.2 [dev]: BFL's bf16 DiT (gated), Comfy-Org's fp8mixed DiT and Comfy-Org's Mistral text encoder
+        # cut to the 30 layers dev reads (ComfyUI takes the Tekken tokenizer from the file itself). Sizes from
+        # the parameter counts (dev spec 2.2 and 3.1): 32.2 B DiT parameters, 17.3 B in the embedding and
+        # layers 0-29.
+        ModelFile("flux2-dev.safetensors", "diffusion_models",
+                  f"{HF}/black-forest-labs/FLUX.2-dev/resolve/main/flux2-dev.safetensors",
+                  "black-forest-labs/FLUX.2-dev", DEV_NC, 64.45, "FLUX.2 [dev], 32B, bf16 (gated)"),
+        ModelFile("flux2_dev_fp8mixed.safetensors", "diffusion_models",
+                  _comfy("Comfy-Org/flux2-dev", "diffusion_models", "flux2_dev_fp8mixed.safetensors"),
+                  "Comfy-Org/flux2-dev", DEV_NC, 32.2,
+                  "FLUX.2 [dev] in fp8 (a few layers kept in bf16): fits one 48 GB card"),
+        ModelFile("mistral_3_small_flux2_bf16.safetensors", "text_encoders",
+                  _comfy("Comfy-Org/flux2-dev", "text_encoders", "mistral_3_small_flux2_bf16.safetensors"),
+                  "Comfy-Org/flux2-dev", APACHE, 34.7,
+                  "Mistral-Small-3.2-24B, the text encoder of FLUX.2 [dev] (the 30 layers it reads)"),
+        ModelFile("mistral_3_small_flux2_fp8.safetensors", "text_encoders",
+                  _comfy("Comfy-Org/flux2-dev", "text_encoders", "mistral_3_small_flux2_fp8.safetensors"),
+                  "Comfy-Org/flux2-dev", APACHE, 17.3, "the same Mistral text encoder in fp8"),
         # FLUX.1 Fill [dev]: the links of ComfyUI's official Fill templates.
         ModelFile("flux1-fill-dev.safetensors", "diffusion_models",
                   _comfy("Comfy-Org/flux1-dev", "diffusion_models", "flux1-fill-dev.safetensors"),

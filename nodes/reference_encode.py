@@ -44,7 +44,7 @@ class Flux2KleinReferenceEncode:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "vae": socket(types.VAE, "From FLUX.2 [klein] VAE Loader."),
+                "vae": socket(types.VAE, "From FLUX.2 VAE Loader."),
                 "image": socket(
                     types.IMAGE, "One or more images: a batch of n gives n references, in order."
                 ),

@@ -1,7 +1,8 @@
 """Flux2KleinSampler: conditioning (+ references) -> FLUX.2 latents, with progress, previews and cancel.
 
 The core picks the path by itself: plain Euler for distilled models, true CFG for base models with
-guidance > 1, and the cached reference K/V of the 9B-KV model when references are given.
+guidance > 1, the guidance value embedded in the model for dev, and the cached reference K/V of the 9B-KV
+model when references are given. A wrong text encoder for the model is refused before the model is loaded.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..flux2_core import (
     MAX_STEPS,
     RefKVStore,
     SampleSettings,
+    check_conditioning,
     check_fits,
     check_request,
     encode_reference_kv,
@@ -33,35 +35,38 @@ KV_STORE = RefKVStore()  # reference K/V of the 9B-KV model, kept across queue r
 log = logging.getLogger(__name__)
 
 TOOLTIPS = {
-    "model": "From FLUX.2 [klein] Model Loader.",
-    "positive": "The prompt, from FLUX.2 [klein] Text Encode.",
+    "model": "From FLUX.2 Model Loader.",
+    "positive": "The prompt, from FLUX.2 Text Encode (its text encoder must be the model's).",
     "seed": "Noise seed. The noise is drawn on the CPU, so a seed gives the same image on any device.",
-    "steps": "4 for distilled and KV, about 50 for base.",
-    "guidance": "CFG scale, used by base models only (about 4; above 1 it needs a negative prompt). "
-    "Distilled and KV models ignore it: keep 1.",
+    "steps": "4 for distilled and KV, about 50 for base and for dev (28 is a good trade-off for dev).",
+    "guidance": "base: CFG scale (about 4; above 1 it needs a negative prompt). dev: the guidance value "
+    "embedded in the model (about 4; one pass per step, no negative prompt). Distilled and KV models ignore "
+    "it: keep 1.",
     "width": "Output width in pixels, a multiple of 16 (at least 64). 0: the first reference's width after "
     "its pixel cap, or 1024 without references.",
     "height": "Output height in pixels, a multiple of 16 (at least 64). 0: the first reference's height "
     "after its pixel cap, or 1024 without references.",
     "batch_size": "Images per run (each from its own slice of one noise draw).",
-    "negative": "Negative prompt for base models with guidance > 1 (an empty prompt is the usual choice).",
-    "references": "Reference images to edit or combine, from FLUX.2 [klein] Reference Encode.",
+    "negative": "Negative prompt for base models with guidance > 1 (an empty prompt is the usual choice). "
+    "Distilled, KV and dev models do not use it.",
+    "references": "Reference images to edit or combine, from FLUX.2 Reference Encode.",
     "latent": "Optional: its shape sets width, height and batch size (e.g. EmptyFlux2LatentImage). With "
-    "denoise below 1 it is the image to start from (img2img, e.g. FLUX.2 [klein] Encode); with a noise_mask "
-    "(FLUX.2 [klein] Inpaint Prepare, or native Set Latent Noise Mask) only the mask's area is repainted. "
+    "denoise below 1 it is the image to start from (img2img, e.g. FLUX.2 Encode); with a noise_mask "
+    "(FLUX.2 Inpaint Prepare, or native Set Latent Noise Mask) only the mask's area is repainted. "
     "Otherwise its content is ignored: sampling starts from pure noise.",
     "denoise": "How much of the schedule runs from the latent: 1 repaints fully (text-to-image, or inpaint "
     "from noise), lower keeps more of the latent (img2img: the first steps are skipped, as in diffusers).",
-    "kv_cache": "9B-KV model: reuse keeps the references' keys/values across runs, so a new prompt or seed "
-    "with the same references skips the reference pass (same output as without). off: compute every run.",
+    "kv_cache": "9B-KV model only (others ignore it): reuse keeps the references' keys/values across runs, "
+    "so a new prompt or seed with the same references skips the reference pass (same output as without). "
+    "off: compute every run.",
 }
 
 
 class Flux2KleinSampler:
     DESCRIPTION = (
-        "Generates FLUX.2 [klein] latents: text-to-image, editing when references are connected, img2img "
-        "with a latent and denoise below 1, inpainting with a latent that carries a noise mask. Decode the "
-        "result with FLUX.2 [klein] Decode (or native VAEDecode with the FLUX.2 VAE)."
+        "Generates FLUX.2 latents (klein and dev): text-to-image, editing when references are connected, "
+        "img2img with a latent and denoise below 1, inpainting with a latent that carries a noise mask. "
+        "Decode the result with FLUX.2 Decode (or native VAEDecode with the FLUX.2 VAE)."
     )
     CATEGORY = "flux2_klein/sampling"
     RETURN_TYPES = (types.LATENT,)
@@ -136,15 +141,17 @@ class Flux2KleinSampler:
         editing = latent is not None and (denoise < 1.0 or noise_mask is not None)
         start = convert.latent_samples(latent) if editing else None  # else the core says what is missing
         mask = latent_mask(noise_mask, grid, batch_size) if noise_mask is not None else None
+        # the text encoder must be the model's (dev: Mistral, klein: its Qwen3), before the model is loaded
+        check_conditioning(model.model, positive.embeds)
         required = estimate_memory(model.model, settings, references)
-        host.load(model.patcher, required)
+        host.load_all(model.patchers, required)  # every device of a block split: each needs the activations
         tokens = references.num_tokens if references is not None else 0
         what = f"sampling {width}x{height}" + (
             f" with {len(references)} references ({tokens} tokens)" if tokens else ""
         )
         advice = "lower width/height, the batch size, the number of references or their max_megapixels"
-        device = model.patcher.load_device
-        check_fits(required, device, what, advice, free=host.free_memory(device))
+        for device in dict.fromkeys(p.load_device for p in model.patchers):
+            check_fits(required, device, what, advice, free=host.free_memory(device))
         with host.out_of_memory(what, advice):
             cache = self._reference_kv(model.model, references, kv_cache)
             samples = sample(

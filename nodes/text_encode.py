@@ -1,4 +1,5 @@
-"""Flux2KleinTextEncode: a prompt -> [1, 512, 3E] Qwen3 conditioning for the FLUX.2 [klein] Sampler."""
+"""Flux2KleinTextEncode: a prompt -> [1, 512, 3E] conditioning (Qwen3 for klein, Mistral for dev) for the
+FLUX.2 Sampler."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ from . import host, types
 from .types import socket
 
 TEXT_TOOLTIP = (
-    "The prompt. As in BFL's and diffusers' FLUX.2 [klein], text beyond 512 tokens (chat template included) "
-    "is cut off. For a negative prompt an empty text is the usual choice."
+    "The prompt. As in BFL's and diffusers' FLUX.2, text beyond 512 tokens (chat template included) is cut "
+    "off. For a negative prompt (klein base models) an empty text is the usual choice."
 )
 
 
 class Flux2KleinTextEncode:
     DESCRIPTION = (
-        "Encodes a prompt with the Qwen3 text encoder (chat template, 512 tokens, hidden states 9/18/27). "
-        "The text encoder leaves the GPU afterwards so the diffusion model has the room."
+        "Encodes a prompt with the loaded text encoder: Qwen3 for klein (chat template, hidden states "
+        "9/18/27), Mistral Small 3.x for FLUX.2 [dev] (its system prompt, hidden states 10/20/30); 512 "
+        "tokens. The text encoder then leaves the GPU so the diffusion model has the room (unless it was "
+        "loaded on a device of its own)."
     )
     CATEGORY = "flux2_klein/conditioning"
     RETURN_TYPES = (types.CONDITIONING,)
@@ -28,7 +31,7 @@ class Flux2KleinTextEncode:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "text_encoder": socket(types.TEXT_ENCODER, "From FLUX.2 [klein] Text Encoder Loader."),
+                "text_encoder": socket(types.TEXT_ENCODER, "From FLUX.2 Text Encoder Loader."),
                 "text": socket("STRING", TEXT_TOOLTIP, multiline=True, dynamicPrompts=False),
             },
         }
@@ -38,6 +41,7 @@ class Flux2KleinTextEncode:
         try:
             embeds = text_encoder.encoder.encode([text], interrupt=host.check_interrupt)  # [1, 512, 3E]
         finally:
-            host.unload(text_encoder.patcher)  # keep it out of VRAM while the DiT samples
+            if not text_encoder.keep_loaded:  # keep it out of VRAM while the DiT samples
+                host.unload(text_encoder.patcher)
         embeds = embeds.to(host.intermediate_device(), torch.float32)
         return (types.KleinConditioning(embeds, text_encoder.encoder.name, embeds.shape[-1]),)

@@ -42,18 +42,35 @@ FILL_CONDITIONING = "FLUX1_FILL_CONDITIONING"  # payload: flux2_core.FillConditi
 
 @dataclass
 class KleinModel:
-    """A loaded DiT (``model.transformer`` is what ``patcher`` moves between devices)."""
+    """A loaded FLUX.2 DiT, klein or dev (``model.transformer`` is what ``patcher`` moves between devices).
+
+    With its blocks split across devices (the loader's ``devices``), ``patcher`` manages the parts on the
+    first device (the blocks there and everything outside the blocks, where the latents live) and
+    ``more_patchers`` those on each further device, in order; ``split`` describes the split.
+    """
 
     model: Flux2Model
     patcher: Any  # comfy.model_patcher.ModelPatcher
+    more_patchers: tuple = ()
+    split: str = ""  # "cuda:0: blocks 0-22 and the rest, 32.06 GB; cuda:1: blocks 23-55, 32.39 GB", or empty
+
+    @property
+    def patchers(self) -> list:
+        """Every patcher of the model: ComfyUI must load them all before it samples."""
+        return [self.patcher, *self.more_patchers]
 
 
 @dataclass
 class KleinTextEncoder:
-    """A loaded Qwen3 text encoder (``encoder.model`` is what ``patcher`` moves)."""
+    """A loaded Qwen3 (klein) or Mistral (dev) text encoder (``encoder.model`` is what ``patcher`` moves).
+
+    ``keep_loaded``: it stays on its device between prompts (a device chosen on the loader, which the DiT
+    does not need); otherwise it leaves the device after each encode, to give the DiT the room.
+    """
 
     encoder: TextEncoder
     patcher: Any
+    keep_loaded: bool = False
 
 
 @dataclass
@@ -69,8 +86,8 @@ class KleinConditioning:
     """One encoded prompt: ``embeds`` [1, 512, 3E] float32 on the intermediate device (CPU normally)."""
 
     embeds: torch.Tensor
-    encoder_name: str  # "Qwen3-4B", "Qwen3-8B" or a description of another shape
-    width: int  # 3E: 7680 for Qwen3-4B (klein 4B), 12288 for Qwen3-8B (klein 9B)
+    encoder_name: str  # "Qwen3-4B", "Qwen3-8B", "Mistral-Small-3.2-24B" or a description of another shape
+    width: int  # 3E: 7680 for Qwen3-4B (klein 4B), 12288 for Qwen3-8B (klein 9B), 15360 for Mistral (dev)
 
     def to_native(self) -> list:
         """The same embedding as native ComfyUI ``CONDITIONING`` (what native Klein encoding gives for a

@@ -76,32 +76,33 @@ FILL_CONDITIONING = "FLUX1_FILL_CONDITIONING"
 
 NODE_SPECS: dict[str, NodeSpec] = {
     "Flux2KleinModelLoader": NodeSpec(
-        "FLUX.2 [klein] Model Loader",
+        "FLUX.2 Model Loader",
         widgets=(
             Widget("model_name", "COMBO"),
             Widget("variant", "COMBO"),
             Widget("weight_dtype", "COMBO", True),
             Widget("offload", "COMBO", True),
             Widget("resident_mb", "INT", True),
+            Widget("devices", "STRING", True),
         ),
         outputs=(("model", MODEL),),
     ),
     "Flux2KleinTextEncoderLoader": NodeSpec(
-        "FLUX.2 [klein] Text Encoder Loader",
+        "FLUX.2 Text Encoder Loader",
         widgets=(Widget("text_encoder_name", "COMBO"), Widget("device", "COMBO", True)),
         outputs=(("text_encoder", TEXT_ENCODER),),
     ),
     "Flux2KleinVAELoader": NodeSpec(
-        "FLUX.2 [klein] VAE Loader", widgets=(Widget("vae_name", "COMBO"),), outputs=(("vae", VAE),)
+        "FLUX.2 VAE Loader", widgets=(Widget("vae_name", "COMBO"),), outputs=(("vae", VAE),)
     ),
     "Flux2KleinTextEncode": NodeSpec(
-        "FLUX.2 [klein] Text Encode",
+        "FLUX.2 Text Encode",
         inputs=(Socket("text_encoder", TEXT_ENCODER),),
         widgets=(Widget("text", "STRING"),),
         outputs=(("conditioning", CONDITIONING),),
     ),
     "Flux2KleinReferenceEncode": NodeSpec(
-        "FLUX.2 [klein] Reference Encode",
+        "FLUX.2 Reference Encode",
         inputs=(Socket("vae", VAE), Socket("image", "IMAGE"), Socket("references", REFERENCES, True)),
         widgets=(
             Widget("max_megapixels", "FLOAT", True),
@@ -112,12 +113,12 @@ NODE_SPECS: dict[str, NodeSpec] = {
         outputs=(("references", REFERENCES),),
     ),
     "Flux2KleinEncode": NodeSpec(
-        "FLUX.2 [klein] Encode",
+        "FLUX.2 Encode",
         inputs=(Socket("vae", VAE), Socket("image", "IMAGE")),
         outputs=(("latent", "LATENT"),),
     ),
     "Flux2KleinInpaintPrepare": NodeSpec(
-        "FLUX.2 [klein] Inpaint Prepare",
+        "FLUX.2 Inpaint Prepare",
         inputs=(
             Socket("vae", VAE),
             Socket("image", "IMAGE"),
@@ -132,19 +133,19 @@ NODE_SPECS: dict[str, NodeSpec] = {
         outputs=(("latent", "LATENT"), ("references", REFERENCES), ("stitch", STITCH)),
     ),
     "Flux2KleinComposite": NodeSpec(
-        "FLUX.2 [klein] Composite",
+        "FLUX.2 Composite",
         inputs=(Socket("image", "IMAGE"), Socket("stitch", STITCH)),
         widgets=(Widget("feather", "INT"),),
         outputs=(("image", "IMAGE"),),
     ),
     "Flux2KleinOutpaintPad": NodeSpec(
-        "FLUX.2 [klein] Outpaint Pad",
+        "FLUX.2 Outpaint Pad",
         inputs=(Socket("image", "IMAGE"),),
         widgets=tuple(Widget(n, "INT") for n in ("left", "top", "right", "bottom", "feather")),
         outputs=(("image", "IMAGE"), ("mask", "MASK")),
     ),
     "Flux2KleinSampler": NodeSpec(
-        "FLUX.2 [klein] Sampler",
+        "FLUX.2 Sampler",
         inputs=(
             Socket("model", MODEL),
             Socket("positive", CONDITIONING),
@@ -165,7 +166,7 @@ NODE_SPECS: dict[str, NodeSpec] = {
         outputs=(("latent", "LATENT"),),
     ),
     "Flux2KleinDecode": NodeSpec(
-        "FLUX.2 [klein] Decode",
+        "FLUX.2 Decode",
         inputs=(Socket("vae", VAE), Socket("latent", "LATENT")),
         widgets=(Widget("tile_size", "INT", True), Widget("tile_overlap", "INT", True)),
         outputs=(("image", "IMAGE"),),
@@ -508,6 +509,7 @@ class Recipe:
     mode: str = "generate"  # generate / img2img / inpaint / outpaint
     denoise: float = 1.0
     lora: str | None = None  # a LoRA file in models/loras, applied by a LoRA Loader
+    family: str = "klein"  # "klein" or "dev": which files and pairing the note describes
 
 
 LORA_NOTE = """
@@ -522,14 +524,56 @@ The LoRA also reaches the text encoder when it has text-encoder keys. Chain load
 `block_strengths` (e.g. `double=1.0, single.0-11=0.5`) scales it per block."""
 
 
-def _note(r: Recipe) -> str:
-    files = [FILES[r.dit], FILES[r.text_encoder], FILES["flux2-vae.safetensors"]]
-    rows = "\n".join(
+def _file_rows(names) -> str:
+    """The note's table rows: file, folder, repos and licence, direct link."""
+    return "\n".join(
         f"| `{f.name}` | `models/{f.folder}` | {f.source}"
         + (f", [direct link]({f.url})" if f.url else "")
         + " |"
-        for f in files
+        for f in (FILES[name] for name in names)
     )
+
+
+KLEIN_FILES_NOTE = (
+    "Pick them in the three loader nodes; a wrong pairing (4B needs Qwen3-4B, 9B needs Qwen3-8B) is reported "
+    "in\nplain words before sampling. Quantised releases of the same models load too (fp8, nvfp4, int8 and "
+    "GGUF files\nfor the model, fp8mixed and GGUF files for the text encoder) and stay quantised in memory."
+)
+
+DEV_FP8 = ("flux2_dev_fp8mixed.safetensors", "mistral_3_small_flux2_fp8.safetensors")
+DEV_FILES_NOTE = """Or the fp8 files, half the size (they stay fp8 in memory), in the same folders:
+
+| file | ComfyUI folder | where to get it |
+|---|---|---|
+{fp8}
+
+Pick them in the three loader nodes. The model is gated on the Hub (FLUX.2 [dev] non-commercial licence):
+accept its terms there first. Which model and text encoder a file holds is read from its weights: a klein
+model with the Mistral encoder, this model with a Qwen3 encoder, or a FLUX.1 file (`t5xxl_fp16.safetensors`,
+`clip_l.safetensors`) is refused by name, with the right file, before sampling.
+
+## Memory and GPUs
+
+The bf16 model holds {dit:g} GB, its text encoder {te:g} GB (fp8: {dit8:g} and {te8:g} GB). The text encoder
+runs first and leaves the GPU before sampling. On **two 40-48 GB cards**, set the model loader's `devices` to
+`cuda:0,cuda:1`: its blocks are split between the cards by weight bytes (about 32 GB each in bf16) and run one
+after the other, the activations moved between them (the log says what each card holds). The text encoder
+loader's `device` can put the encoder on a card of its own (e.g. `cuda:2`), where it stays between prompts.
+One 48 GB card runs the fp8 model."""
+
+
+def _files_note(r: Recipe) -> str:
+    if r.family != "dev":
+        return KLEIN_FILES_NOTE
+    fp8 = [FILES[name] for name in DEV_FP8]
+    dit, te = FILES[r.dit], FILES[r.text_encoder]
+    return DEV_FILES_NOTE.format(
+        fp8=_file_rows(DEV_FP8), dit=dit.size_gb, te=te.size_gb, dit8=fp8[0].size_gb, te8=fp8[1].size_gb
+    )
+
+
+def _note(r: Recipe) -> str:
+    rows = _file_rows([r.dit, r.text_encoder, "flux2-vae.safetensors"])
     api = f"workflows/api/{r.name}.json"
     names = [f"ref{i + 1}.png" for i in range(r.references)] + (["image.png"] if r.mode != "generate" else [])
     images = " ".join(f"--image {name}" for name in names)
@@ -544,9 +588,7 @@ def _note(r: Recipe) -> str:
 |---|---|---|
 {rows}
 
-Pick them in the three loader nodes; a wrong pairing (4B needs Qwen3-4B, 9B needs Qwen3-8B) is reported in
-plain words before sampling. Quantised releases of the same models load too (fp8, nvfp4, int8 and GGUF files
-for the model, fp8mixed and GGUF files for the text encoder) and stay quantised in memory.{lora}
+{_files_note(r)}{lora}
 
 ## Settings
 
@@ -575,6 +617,7 @@ def build(r: Recipe) -> Graph:
             "weight_dtype": "default",
             "offload": "none",
             "resident_mb": 0,
+            "devices": "",
         },
         properties={"models": models_property(r.dit)},
     )
@@ -696,7 +739,8 @@ def build(r: Recipe) -> Graph:
         g.connect(decode, result, "image")
         g.connect(stitch, result, "stitch", src_slot=2)
         generate.append(result)
-    save = g.add("SaveImage", (X_SAVE, 0), (460, 500), {"filename_prefix": f"flux2_klein/{r.name}"})
+    prefix = "flux2_dev" if r.family == "dev" else "flux2_klein"
+    save = g.add("SaveImage", (X_SAVE, 0), (460, 500), {"filename_prefix": f"{prefix}/{r.name}"})
     g.connect(result, save, "images")
     g.group("Generate", *generate, save)
     g.add(
@@ -969,8 +1013,63 @@ RECIPES += (
 
 
 # ----------------------------------------------------------------------------------------------------
+# FLUX.2 [dev]: the same nodes, the dev DiT and its Mistral text encoder.
+
+DEV_DIT, DEV_TEXT_ENCODER = "flux2-dev.safetensors", "mistral_3_small_flux2_bf16.safetensors"
+DEV_SETTINGS = (
+    "FLUX.2 [dev]: **50 steps, guidance 4.0**. The guidance value is embedded in the model (guidance-"
+    "distilled): one model pass per step, no negative prompt. 28 steps is a good trade-off (BFL). Width and "
+    "height: multiples of 16, about 1–4 megapixels."
+)
+
+RECIPES += (
+    Recipe(
+        name="flux2_dev_text_to_image",
+        title="FLUX.2 [dev]: text to image",
+        summary=(
+            "Text to image with **FLUX.2 [dev]**, Black Forest Labs' 32B model (FLUX.2 [dev] non-commercial "
+            "licence), and its Mistral-Small-3.2-24B text encoder."
+        ),
+        dit=DEV_DIT,
+        text_encoder=DEV_TEXT_ENCODER,
+        variant="dev",
+        steps=50,
+        guidance=4.0,
+        prompt=FOX,
+        settings=DEV_SETTINGS,
+        family="dev",
+    ),
+    Recipe(
+        name="flux2_dev_multi_reference_edit",
+        title="FLUX.2 [dev]: combine several reference images",
+        summary=(
+            "Combines three reference images following the prompt (refer to them as image 1, 2, 3), with "
+            "FLUX.2 [dev]. The references are chained: each *Reference Encode* adds one image, with its own "
+            "pixel budget (`max_megapixels`) and fit (`crop`, or `resize` to keep the whole picture). For "
+            "more references (BFL recommends at most 6 for dev), copy a *Load Image* + *Reference Encode* "
+            "pair and chain it; for fewer, bypass (Ctrl+B) the last pair's *Reference Encode* or delete it."
+        ),
+        dit=DEV_DIT,
+        text_encoder=DEV_TEXT_ENCODER,
+        variant="dev",
+        steps=50,
+        guidance=4.0,
+        prompt=(
+            "The person from image 1 wearing the jacket from image 2, standing in the street shown in image "
+            "3. Natural light, photorealistic."
+        ),
+        references=3,
+        width=0,
+        height=0,
+        settings=f"{DEV_SETTINGS}\n\n{EDIT_SIZE} Every extra reference makes each step slower.",
+        family="dev",
+    ),
+)
+
+
+# ----------------------------------------------------------------------------------------------------
 # FLUX.1 Fill [dev]: inpaint and outpaint. The sampler prepares the image itself (grow, crop-to-mask) and
-# hands FLUX.2 [klein] Composite what it needs; outpainting goes through the same Outpaint Pad node.
+# hands FLUX.2 Composite what it needs; outpainting goes through the same Outpaint Pad node.
 
 FILL_FILES = ("flux1-fill-dev.safetensors", "t5xxl_fp16.safetensors", "clip_l.safetensors", "ae.safetensors")
 FILL_STEPS, FILL_GUIDANCE = 50, 30.0
@@ -1030,12 +1129,7 @@ FILL_RECIPES = (
 
 
 def _fill_note(r: FillRecipe) -> str:
-    rows = "\n".join(
-        f"| `{f.name}` | `models/{f.folder}` | {f.source}"
-        + (f", [direct link]({f.url})" if f.url else "")
-        + " |"
-        for f in (FILES[name] for name in FILL_FILES)
-    )
+    rows = _file_rows(FILL_FILES)
     api = f"workflows/api/{r.name}.json"
     return f"""# {r.title}
 

@@ -75,7 +75,7 @@ def test_dev_runs_with_embedded_guidance_as_the_core_does(files, tmp_path):
         # tiny widths: named by family (the released widths name the model: test_mistral.py)
         ("dev", "qwen", "needs the Mistral Small 3.x text encoder of width 16"),
         ("klein", "mistral", "needs a Qwen3 text encoder of width 32"),
-        ("dev", "t5", "is a FLUX.1 text encoder (T5-XXL or CLIP-L, for FLUX.1 Fill [dev]): FLUX.2 models"),
+        ("dev", "t5", "is T5-XXL, a FLUX.1 text encoder"),
     ],
 )
 def test_wrong_text_encoder_is_named_before_loading(files, tmp_path, caplog, model, encoder, message):

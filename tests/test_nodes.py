@@ -6,6 +6,7 @@ only while this file's tests run.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -23,31 +24,37 @@ from comfy_stubs import (
 from quant_files import write_gguf
 from safetensors.torch import save_file
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
+from tiny_flux1 import make_tiny_clip, make_tiny_t5, write_clip_file, write_t5_file
+from tiny_mistral import TINY_TEXT, TINY_TEXT_HEAD_128, make_tiny_mistral3, v7_tekken_json
+from tiny_mistral import write_comfy_file as write_mistral_file
 from tiny_text import make_tiny_qwen3, write_comfy_file
 from tiny_vae import TINY_VAE, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
 NODE_IDS = {  # node id -> (display name, category, RETURN_TYPES)
-    "Flux2KleinModelLoader": ("FLUX.2 [klein] Model Loader", "flux2_klein/loaders", ("FLUX2_KLEIN_MODEL",)),
-    "Flux2KleinTextEncoderLoader": ("FLUX.2 [klein] Text Encoder Loader", "flux2_klein/loaders",
+    "Flux2KleinModelLoader": ("FLUX.2 Model Loader", "flux2_klein/loaders", ("FLUX2_KLEIN_MODEL",)),
+    "Flux2KleinTextEncoderLoader": ("FLUX.2 Text Encoder Loader", "flux2_klein/loaders",
                                     ("FLUX2_KLEIN_TEXT_ENCODER",)),
-    "Flux2KleinVAELoader": ("FLUX.2 [klein] VAE Loader", "flux2_klein/loaders", ("FLUX2_KLEIN_VAE",)),
-    "Flux2KleinTextEncode": ("FLUX.2 [klein] Text Encode", "flux2_klein/conditioning",
+    "Flux2KleinVAELoader": ("FLUX.2 VAE Loader", "flux2_klein/loaders", ("FLUX2_KLEIN_VAE",)),
+    "Flux2KleinTextEncode": ("FLUX.2 Text Encode", "flux2_klein/conditioning",
                              ("FLUX2_KLEIN_CONDITIONING",)),
-    "Flux2KleinReferenceEncode": ("FLUX.2 [klein] Reference Encode", "flux2_klein/conditioning",
+    "Flux2KleinReferenceEncode": ("FLUX.2 Reference Encode", "flux2_klein/conditioning",
                                   ("FLUX2_KLEIN_REFERENCES",)),
-    "Flux2KleinSampler": ("FLUX.2 [klein] Sampler", "flux2_klein/sampling", ("LATENT",)),
-    "Flux2KleinDecode": ("FLUX.2 [klein] Decode", "flux2_klein/latent", ("IMAGE",)),
-    "Flux2KleinEncode": ("FLUX.2 [klein] Encode", "flux2_klein/latent", ("LATENT",)),
-    "Flux2KleinInpaintPrepare": ("FLUX.2 [klein] Inpaint Prepare", "flux2_klein/inpaint",
+    "Flux2KleinSampler": ("FLUX.2 Sampler", "flux2_klein/sampling", ("LATENT",)),
+    "Flux2KleinDecode": ("FLUX.2 Decode", "flux2_klein/latent", ("IMAGE",)),
+    "Flux2KleinEncode": ("FLUX.2 Encode", "flux2_klein/latent", ("LATENT",)),
+    "Flux2KleinInpaintPrepare": ("FLUX.2 Inpaint Prepare", "flux2_klein/inpaint",
                                  ("LATENT", "FLUX2_KLEIN_REFERENCES", "FLUX2_KLEIN_STITCH")),
-    "Flux2KleinComposite": ("FLUX.2 [klein] Composite", "flux2_klein/inpaint", ("IMAGE",)),
-    "Flux2KleinOutpaintPad": ("FLUX.2 [klein] Outpaint Pad", "flux2_klein/inpaint", ("IMAGE", "MASK")),
+    "Flux2KleinComposite": ("FLUX.2 Composite", "flux2_klein/inpaint", ("IMAGE",)),
+    "Flux2KleinOutpaintPad": ("FLUX.2 Outpaint Pad", "flux2_klein/inpaint", ("IMAGE", "MASK")),
     "Flux2KleinLoraLoader": ("FLUX.2 [klein] LoRA Loader", "flux2_klein/loaders",
                              ("FLUX2_KLEIN_MODEL", "STRING", "FLUX2_KLEIN_TEXT_ENCODER")),
 }  # fmt: skip
 INPUTS = {  # node id -> (required, optional) input ids: workflows store these, so they never change
-    "Flux2KleinModelLoader": (["model_name", "variant"], ["weight_dtype", "offload", "resident_mb"]),
+    "Flux2KleinModelLoader": (
+        ["model_name", "variant"],
+        ["weight_dtype", "offload", "resident_mb", "devices"],
+    ),
     "Flux2KleinTextEncoderLoader": (["text_encoder_name"], ["device"]),
     "Flux2KleinVAELoader": (["vae_name"], []),
     "Flux2KleinTextEncode": (["text_encoder", "text"], []),
@@ -76,6 +83,7 @@ NATIVE_IDS = {
     "VAEDecode", "VAEEncode", "KSampler", "SamplerCustomAdvanced", "CLIPTextEncode", "EmptyLatentImage",
 }  # fmt: skip
 TEXT_WIDTH = 3 * 32  # tiny Qwen3: hidden 32, three hidden states per token
+DEV_TEXT_WIDTH = 3 * TINY_TEXT["hidden_size"]  # tiny Mistral: hidden 16, hidden states 10/20/30 per token
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +98,16 @@ def fake_host(tmp_path_factory):
     write_bfl_file(make_diffusers_dit(), host.folder("diffusion_models") / "klein_tiny_text24.safetensors")
     write_bfl_file(dit, root / "outside.safetensors")  # reachable only through "../"
     write_comfy_file(make_tiny_qwen3(), host.folder("text_encoders") / "qwen_tiny.safetensors")
+    # FLUX.2 [dev]: a DiT with the guidance embedder, reading the tiny Mistral's width; the Mistral file as
+    # ComfyUI ships it (no config.json, so Mistral Small's head size 128; its Tekken tokenizer inside)
+    dev = make_diffusers_dit(seed=11, guidance_embeds=True, joint_attention_dim=DEV_TEXT_WIDTH)
+    write_bfl_file(dev, host.folder("diffusion_models") / "flux2_dev_tiny.safetensors")
+    heads = {k: TINY_TEXT_HEAD_128[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}
+    write_mistral_file(make_tiny_mistral3(seed=12, **heads), host.folder("text_encoders") /
+                       "mistral_tiny.safetensors", v7_tekken_json(), layers=30, lm_head=False)  # fmt: skip
+    # FLUX.1's text encoders, which the FLUX.2 text-encoder loader must refuse by name
+    write_t5_file(make_tiny_t5(), host.folder("text_encoders") / "t5xxl_tiny.safetensors")
+    write_clip_file(make_tiny_clip(), host.folder("text_encoders") / "clip_l_tiny.safetensors")
     write_vae_file(random_vae_state_dict(TINY_VAE), host.folder("vae") / "flux2_tiny_vae.safetensors")
     _write_lora(dit, host.folder("loras") / "tiny_lora.safetensors")
     sd = bfl_state_dict(dit)
@@ -196,13 +214,19 @@ def test_widgets(pack, fake_host):
         "LATENT",
     ]  # fmt: skip
     loader = pack.NODE_CLASS_MAPPINGS["Flux2KleinModelLoader"].INPUT_TYPES()
-    names = ["klein_tiny.safetensors", "klein_tiny_base.safetensors", "klein_tiny_text24.safetensors"]
+    names = ["klein_tiny.safetensors", "klein_tiny_base.safetensors", "klein_tiny_text24.safetensors",
+             "flux2_dev_tiny.safetensors"]  # fmt: skip
     assert loader["required"]["model_name"][0] == sorted([*names, "klein_tiny-Q8_0.gguf"])
-    assert loader["required"]["variant"][0] == ["auto", "distilled", "base", "kv"]
+    assert loader["required"]["variant"][0] == ["auto", "distilled", "base", "kv", "dev"]
     assert loader["optional"]["weight_dtype"][0] == ["default", "bfloat16", "float16", "float32"]
+    assert loader["optional"]["devices"][0] == "STRING" and loader["optional"]["devices"][1]["default"] == ""
     te = pack.NODE_CLASS_MAPPINGS["Flux2KleinTextEncoderLoader"].INPUT_TYPES()
-    assert te["required"]["text_encoder_name"][0] == ["qwen_tiny.safetensors"]
-    assert te["optional"]["device"][0] == ["default", "cpu"]
+    assert te["required"]["text_encoder_name"][0] == [
+        "clip_l_tiny.safetensors", "mistral_tiny.safetensors", "qwen_tiny.safetensors",
+        "t5xxl_tiny.safetensors",
+    ]  # fmt: skip
+    cuda = [f"cuda:{i}" for i in range(torch.cuda.device_count())]  # this machine's accelerators follow
+    assert te["optional"]["device"][0][: 2 + len(cuda)] == ["default", "cpu", *cuda]
     assert pack.NODE_CLASS_MAPPINGS["Flux2KleinVAELoader"].INPUT_TYPES()["required"]["vae_name"][0] == [
         "flux2_tiny_vae.safetensors"
     ]
@@ -665,3 +689,175 @@ def test_model_loader_streams_blocks_with_the_same_result(nodes, loaded):
     full = sum(t.numel() for t in loaded["model"].model.transformer.parameters())
     assert resident < 0.5 * full  # the patcher manages (and moves) only what stays resident
     assert torch.equal(run_sampler(nodes, {**loaded, "model": streamed}), run_sampler(nodes, loaded))
+
+
+# -- FLUX.2 [dev]: the dev DiT and the Mistral encoder through the same nodes --------------------------------
+
+
+@pytest.fixture(scope="module")
+def dev(nodes, fake_host):
+    """The tiny dev DiT (found by its guidance embedder) and the tiny Mistral (by its shapes), via the
+    nodes."""
+    (model,) = nodes["Flux2KleinModelLoader"].load("flux2_dev_tiny.safetensors", "auto")
+    (encoder,) = nodes["Flux2KleinTextEncoderLoader"].load("mistral_tiny.safetensors")
+    (positive,) = nodes["Flux2KleinTextEncode"].encode(encoder, "a red apple on a table")
+    return dict(model=model, encoder=encoder, positive=positive)
+
+
+def test_dev_model_and_mistral_encoder_load_through_the_nodes(dev):
+    model, encoder, positive = dev["model"], dev["encoder"], dev["positive"]
+    assert model.model.variant.name == "dev" and model.model.config.guidance_embed
+    assert model.more_patchers == () and model.split == ""  # one device: one patcher, as for klein
+    assert "Mistral" in encoder.encoder.name and encoder.patcher.model.module is encoder.encoder.model
+    assert positive.embeds.shape == (1, 512, DEV_TEXT_WIDTH) and positive.width == DEV_TEXT_WIDTH
+    assert "Mistral" in positive.encoder_name
+    # the Tekken tokenizer ComfyUI's file carries is the one used (ComfyUI ships no Mistral vocabulary)
+    assert encoder.encoder.tokenizer.source == "mistral_tiny.safetensors (tekken_model)"
+
+
+def test_dev_sampling_embeds_the_guidance_and_equals_the_core_run(nodes, dev, loaded, pack, host):
+    """The node passes prompt, seed, size and guidance to the core's sampler unchanged (the core's dev path
+    is checked against diffusers' Flux2Pipeline in test_dev_parity.py), one pass per step."""
+    core = sys.modules[f"{pack.__name__}.flux2_core"]
+    args = dict(model=dev["model"], positive=dev["positive"], seed=5, steps=2, guidance=4.0, width=64,
+                height=80, batch_size=1)  # fmt: skip
+    (out,) = nodes["Flux2KleinSampler"].sample(**args)
+    settings = core.SampleSettings(64, 80, 2, 4.0, 5, 1)
+    expected = core.sample(dev["model"].model, dev["positive"].embeds, settings)
+    assert torch.equal(out["samples"], expected) and out["samples"].shape == (1, 128, 5, 4)
+    assert [(v, t) for v, t, _ in host.progress] == [(1, 2), (2, 2)]
+    (lower,) = nodes["Flux2KleinSampler"].sample(**{**args, "guidance": 2.0})
+    assert not torch.equal(lower["samples"], out["samples"])  # the value reaches the guidance embedder
+    # no CFG for dev: a negative prompt changes nothing
+    (with_negative,) = nodes["Flux2KleinSampler"].sample(**args, negative=dev["positive"])
+    assert torch.equal(with_negative["samples"], out["samples"])
+
+
+def test_dev_with_qwen3_and_klein_with_mistral_are_refused_before_the_model_loads(
+    nodes, dev, loaded, host, Flux2Error
+):
+    with pytest.raises(Flux2Error, match="needs the Mistral Small 3.x text encoder") as caught:
+        run_sampler(nodes, loaded, model=dev["model"], positive=loaded["positive"])
+    assert f"{DEV_TEXT_WIDTH}-wide" in str(caught.value) and f"gives {TEXT_WIDTH}" in str(caught.value)
+    with pytest.raises(Flux2Error, match="needs a Qwen3 text encoder") as caught:
+        run_sampler(nodes, loaded, positive=dev["positive"])
+    assert f"{TEXT_WIDTH}-wide" in str(caught.value) and f"gives {DEV_TEXT_WIDTH}" in str(caught.value)
+    assert host.loads == [] and host.progress == []  # neither model was moved, no step ran
+
+
+@pytest.mark.parametrize(("name", "kind"), [("t5xxl_tiny.safetensors", "T5-XXL"),
+                                            ("clip_l_tiny.safetensors", "CLIP-L")])  # fmt: skip
+def test_a_flux1_text_encoder_in_the_flux2_loader_names_the_right_files(nodes, name, kind, Flux2Error):
+    with pytest.raises(Flux2Error, match=f"{name} is {kind}, a FLUX.1 text encoder") as caught:
+        nodes["Flux2KleinTextEncoderLoader"].load(name)
+    message = str(caught.value)
+    assert "mistral_3_small_flux2_bf16.safetensors" in message and "qwen_3_4b.safetensors" in message
+    assert "FLUX.1 Fill [dev]'s text encoder loader" in message
+
+
+def test_the_klein_lora_loader_refuses_a_dev_model(nodes, dev, Flux2Error):
+    with pytest.raises(Flux2Error, match="is FLUX.2 \\[dev\\]: the FLUX.2 \\[klein\\] LoRA Loader"):
+        nodes["Flux2KleinLoraLoader"].load(dev["model"], "tiny_lora.safetensors", 1.0)
+
+
+# -- the block split across devices (devices), with two CPU "devices" standing in ----------------------------
+
+
+def test_block_split_on_two_cpu_devices_is_bit_identical_and_loads_every_part(nodes, dev, host):
+    loader = nodes["Flux2KleinModelLoader"]
+    out = loader.load("flux2_dev_tiny.safetensors", "auto", devices="cpu, cpu")
+    (split,) = out["result"]
+    net = split.model.transformer
+    assert len(split.patchers) == 2 and split.patchers[1] is split.more_patchers[0]
+    # each patcher manages the modules placed on its device; together every weight, each exactly once
+    held = [{id(p) for p in patcher.model.module.parameters()} for patcher in split.patchers]
+    assert (
+        held[0]
+        and held[1]
+        and not held[0] & held[1]
+        and held[0] | held[1] == {id(p) for p in net.parameters()}
+    )
+    assert {id(p) for p in net.img_in.parameters()} <= held[0]  # the parts outside the blocks: first device
+    last = net.blocks()[-1]
+    assert {id(p) for p in last.parameters()} <= held[1]
+    nbytes = [sum(t.nbytes for t in patcher.model.module.state_dict().values()) for patcher in split.patchers]
+    assert [patcher.size for patcher in split.patchers] == nbytes
+    # the memory per device: on the node and in the model
+    assert out["ui"]["text"] == [split.split]
+    on_second = [i for i, block in enumerate(net.blocks()) if {id(p) for p in block.parameters()} <= held[1]]
+    assert on_second == list(range(on_second[0], len(net.blocks())))  # one contiguous run, to the end
+    first = "block 0" if on_second[0] == 1 else f"blocks 0-{on_second[0] - 1}"
+    second = f"blocks {on_second[0]}-{on_second[-1]}" if len(on_second) > 1 else f"block {on_second[0]}"
+    assert split.split == (
+        f"cpu: {first} and the rest, {nbytes[0] / 1e9:.2f} GB; cpu: {second}, {nbytes[1] / 1e9:.2f} GB"
+    )
+    assert all(block._forward_pre_hooks for block in net.blocks())  # inputs follow each block's weights
+
+    args = dict(positive=dev["positive"], seed=9, steps=2, guidance=4.0, width=64, height=64, batch_size=1)
+    host.loads.clear()
+    (whole,) = nodes["Flux2KleinSampler"].sample(model=dev["model"], **args)
+    (parts,) = nodes["Flux2KleinSampler"].sample(model=split, **args)
+    assert torch.equal(parts["samples"], whole["samples"])
+    assert host.loads[-2:] == [(split.patchers[0], True), (split.patchers[1], True)]  # both, fully, first
+
+
+def test_devices_are_validated_with_clear_messages(nodes, pack, Flux2Error):
+    loader = pack.NODE_CLASS_MAPPINGS["Flux2KleinModelLoader"]
+    assert loader.VALIDATE_INPUTS(devices="") is True and loader.VALIDATE_INPUTS(devices=None) is True
+    assert loader.VALIDATE_INPUTS(devices="cpu,cpu") is True
+    assert "not a device name" in loader.VALIDATE_INPUTS(devices="gpu0,gpu1")
+    missing = f"cuda:{torch.cuda.device_count()}"
+    assert "does not exist" in loader.VALIDATE_INPUTS(devices=f"cpu,{missing}")
+    with pytest.raises(Flux2Error, match="does not exist"):
+        nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "auto", devices=missing)
+    with pytest.raises(Flux2Error, match="devices and offload 'stream' cannot be combined"):
+        nodes["Flux2KleinModelLoader"].load(
+            "klein_tiny.safetensors", "auto", "default", "stream", 0, "cpu,cpu"
+        )
+
+
+def test_a_klein_model_splits_too_and_one_device_is_no_split(nodes, loaded):
+    (split,) = nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "auto", devices="cpu,cpu")[
+        "result"
+    ]
+    assert torch.equal(run_sampler(nodes, {**loaded, "model": split}), run_sampler(nodes, loaded))
+    (one,) = nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "auto", devices="cpu")
+    assert one.more_patchers == () and one.patcher.load_device == torch.device("cpu") and one.split == ""
+    assert not any(block._forward_pre_hooks for block in one.model.transformer.blocks())
+
+
+def test_text_encoder_on_a_device_of_its_own_stays_loaded(nodes, pack, dev, host, monkeypatch):
+    # Two CUDA devices are pretended (nothing runs on them): the choice reaches ComfyUI's patcher.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    choices = pack.NODE_CLASS_MAPPINGS["Flux2KleinTextEncoderLoader"].INPUT_TYPES()["optional"]["device"][0]
+    assert choices[:4] == ["default", "cpu", "cuda:0", "cuda:1"]
+    (encoder,) = nodes["Flux2KleinTextEncoderLoader"].load("mistral_tiny.safetensors", device="cuda:1")
+    assert encoder.patcher.load_device == torch.device("cuda:1") and encoder.keep_loaded
+    assert encoder.encoder.device == torch.device("cpu")  # built on the offload device, moved when used
+    monkeypatch.undo()
+    # kept loaded between prompts (shown on the CPU: the same encoder, marked to stay)
+    resident = dataclasses.replace(dev["encoder"], keep_loaded=True)
+    (cond,) = nodes["Flux2KleinTextEncode"].encode(resident, "a red apple on a table")
+    assert host.loads == [(resident.patcher, True)] and host.unloads == []
+    assert torch.equal(cond.embeds, dev["positive"].embeds)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="moving activations between a GPU and the CPU needs a GPU"
+)
+def test_block_split_across_a_gpu_and_the_cpu_matches_the_gpu_alone(nodes, dev, monkeypatch, pack):
+    """With a GPU: the first half of the blocks on cuda:0, the rest on the CPU (real moves both ways)."""
+    (whole,) = nodes["Flux2KleinModelLoader"].load("flux2_dev_tiny.safetensors", "auto", devices="cuda:0")
+    (split,) = nodes["Flux2KleinModelLoader"].load("flux2_dev_tiny.safetensors", "auto",
+                                                   devices="cuda:0,cpu")["result"]  # fmt: skip
+    args = dict(positive=dev["positive"], seed=9, steps=2, guidance=4.0, width=64, height=64, batch_size=1)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        (a,) = nodes["Flux2KleinSampler"].sample(model=whole, **args)
+        (b,) = nodes["Flux2KleinSampler"].sample(model=split, **args)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    blocks = split.model.transformer.blocks()
+    assert next(blocks[0].parameters()).is_cuda and not next(blocks[-1].parameters()).is_cuda
+    torch.testing.assert_close(b["samples"], a["samples"], rtol=0, atol=1e-4)

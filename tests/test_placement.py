@@ -66,6 +66,8 @@ def test_split_klein_is_bit_identical_and_moves_every_block_input(tmp_path, monk
     assert torch.equal(split, whole)
     assert moves == [torch.device("cpu")] * (blocks + 1)  # each block's inputs, then the final layer's
     assert "blocks 0-" in placement.describe()
+    assert sum(placement.bytes_per_device) == sum(p.nbytes for p in net.parameters())
+    assert placement.bytes_per_device[1] == sum(b for b, d in zip(block_bytes, placement.block_device) if d)
     remove_placement(net)
     assert not net.blocks()[0]._forward_pre_hooks
 
@@ -107,5 +109,5 @@ def test_split_across_two_gpus_matches_one(tmp_path):
         whole = net(**args)
         placement = place_blocks(net, ["cuda:0", "cuda:1"])
         split = net(**args)
-    assert placement.bytes_per_device["cuda:1"] > 0
+    assert placement.bytes_per_device[1] > 0
     torch.testing.assert_close(split, whole, rtol=0, atol=1e-5)

@@ -46,7 +46,7 @@ FILL_COND = "FLUX1_FILL_CONDITIONING"
 CONTRACT = {
     "Flux2KleinModelLoader": {
         "inputs": {},
-        "widgets": ["model_name", "variant", "weight_dtype", "offload", "resident_mb"],
+        "widgets": ["model_name", "variant", "weight_dtype", "offload", "resident_mb", "devices"],
         "outputs": [MODEL],
     },
     "Flux2KleinTextEncoderLoader": {
@@ -181,8 +181,9 @@ KLEIN_NAMES = [
     "flux2_klein_4b_outpaint",
     "flux2_klein_4b_lora",
 ]
+DEV_NAMES = ["flux2_dev_text_to_image", "flux2_dev_multi_reference_edit"]
 FILL_NAMES = ["flux1_fill_inpaint", "flux1_fill_outpaint"]
-NAMES = KLEIN_NAMES + FILL_NAMES
+NAMES = KLEIN_NAMES + DEV_NAMES + FILL_NAMES
 SAMPLERS = ("Flux2KleinSampler", "Flux1FillSampler")
 
 
@@ -435,11 +436,23 @@ EXPECTED = {
     "flux2_klein_4b_img2img": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_inpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_outpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
+    # FLUX.2 [dev]: 50 steps, guidance 4 embedded, no negative (dev spec section 1)
+    "flux2_dev_text_to_image": ("flux2-dev", "mistral_3_small_flux2_bf16", "dev", 50, 4.0, 1024, 0, False),
+    "flux2_dev_multi_reference_edit": (
+        "flux2-dev",
+        "mistral_3_small_flux2_bf16",
+        "dev",
+        50,
+        4.0,
+        0,
+        3,
+        False,
+    ),
 }
 EDITING = {"flux2_klein_4b_img2img", "flux2_klein_4b_inpaint", "flux2_klein_4b_outpaint"}
 
 
-@pytest.mark.parametrize("name", KLEIN_NAMES)
+@pytest.mark.parametrize("name", KLEIN_NAMES + DEV_NAMES)
 def test_workflow_settings(name):
     dit, te, variant, steps, guidance, size, n_refs, has_negative = EXPECTED[name]
     wf = api(name)
@@ -470,9 +483,27 @@ def test_workflow_settings(name):
     assert all(img["class_type"] == "LoadImage" for img in images)
     assert len({id(img) for img in images}) == n_refs == len(client.nodes_of_type(wf, "LoadImage"))
     (save,) = [n for n in wf.values() if n["class_type"] == "SaveImage"]
-    assert save["inputs"]["filename_prefix"] == f"flux2_klein/{name}"
+    assert (
+        save["inputs"]["filename_prefix"] == f"{'flux2_dev' if name in DEV_NAMES else 'flux2_klein'}/{name}"
+    )
     decode = _source(wf, save, "images")
     assert decode["class_type"] == "Flux2KleinDecode" and _source(wf, decode, "latent") is sampler
+
+
+@pytest.mark.parametrize("name", DEV_NAMES)
+def test_dev_workflows_use_comfyuis_devices_and_name_the_fp8_files(name):
+    wf = api(name)
+    sampler = _sampler(wf)
+    model = _source(wf, sampler, "model")["inputs"]
+    assert (model["devices"], model["offload"], model["weight_dtype"]) == ("", "none", "default")
+    encoder = _source(wf, _source(wf, sampler, "positive"), "text_encoder")["inputs"]
+    assert encoder["device"] == "default"
+    note = next(n for n in editor(name)["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
+    for alternative in ("flux2_dev_fp8mixed.safetensors", "mistral_3_small_flux2_fp8.safetensors"):
+        f = build_workflows.FILES[alternative]
+        assert f"`{alternative}`" in note and f.url in note and f.licence in note
+    assert "`cuda:0,cuda:1`" in note and "`devices`" in note and "50 steps, guidance 4.0" in note
+    assert "FLUX.2 [dev] non-commercial licence" in note
 
 
 def _link(wf, node, name):
@@ -634,7 +665,7 @@ def test_set_assignments():
     sampler_id = client.nodes_of_type(wf, "Flux2KleinSampler")[0]
     assert client.apply_set(wf, f"{sampler_id}.guidance=3.5") == sampler_id
     assert wf[sampler_id]["inputs"]["guidance"] == 3.5
-    client.apply_set(wf, "FLUX.2 [klein] Sampler.width=768")  # by title (dots in it are fine)
+    client.apply_set(wf, "FLUX.2 Sampler.width=768")  # by title (dots in it are fine)
     assert wf[sampler_id]["inputs"]["width"] == 768
     client.apply_set(wf, "Negative prompt.text=ugly, blurry")
     assert _source(wf, _sampler(wf), "negative")["inputs"]["text"] == "ugly, blurry"

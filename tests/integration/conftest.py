@@ -16,6 +16,21 @@ One server is started per session, on the CPU, in a temporary base folder:
   VAE has the full-width encoder native ComfyUI requires (128, mult 1-2-4-4, 2 res blocks) and a 32-wide
   decoder, which native reads from the weights and which keeps decoding fast;
 - ``not-a-dit.safetensors`` in diffusion_models is a copy of the VAE (for the error tests);
+- FLUX.1 Fill [dev] under the names its bundled workflows use (``flux1-fill-dev.safetensors``,
+  ``t5xxl_fp16.safetensors``, ``clip_l.safetensors``, ``ae.safetensors``): ``tests/tiny_flux1.py``'s tiny DiT
+  (hidden 256 = 2 heads of 128, 1 + 1 blocks, 384 input channels) reading the tiny T5's 32-wide and CLIP's
+  64-wide outputs, and its 32-wide FLUX.1 VAE. These workflows run only our nodes, which read every width
+  from the weights; native ComfyUI would need a Fill DiT with the real 4096 / 768 text widths (its CLIP-L and
+  T5-XXL are fixed-size models), which ``test_fill_server.py`` writes for its own parity test. The
+  tokenizers are ComfyUI's own (``comfy/sd1_tokenizer``, ``comfy/text_encoders/t5_tokenizer``, found by the
+  nodes through ``host.tokenizer_folders()``), whose ids fit the tiny encoders' real vocabulary sizes;
+- FLUX.2 [dev] under its official names: ``flux2-dev.safetensors``, a tiny DiT of the klein rig's widths with
+  the guidance embedder (hidden 256, 48-wide text = 3 x the tiny Mistral's 16) and 2 + 2 blocks, so that a
+  split across two devices puts blocks on both (the parts outside the blocks outweigh one block), and
+  ``mistral_3_small_flux2_bf16.safetensors``, ``tests/tiny_mistral.py``'s Mistral3 language model written as
+  ComfyUI's file (``model.`` names, the first 30 layers, no final norm or lm_head, no config.json, so Mistral
+  Small's head size 128) with its Tekken tokenizer inside as the ``tekken_model`` tensor, as ComfyUI's
+  own files carry it (a v7 tekken.json: mistral-common's vocabulary and the explicit control-token list);
 - input/, output/, user/ and temp/ are the server's folders (nothing is written into the ComfyUI checkout).
 """
 
@@ -85,6 +100,10 @@ LORA_FILE = "flux-2-klein-4b-lora.safetensors"  # the name the bundled LoRA work
 ATTENTION_BOOST = 3.0  # see sharpen_attention
 VAE_FILE = "flux2-vae.safetensors"
 NOT_A_DIT = "not-a-dit.safetensors"
+# FLUX.1 Fill [dev] and FLUX.2 [dev] under the names of their bundled workflows
+FILL_FILES = dict(dit="flux1-fill-dev.safetensors", t5="t5xxl_fp16.safetensors", clip="clip_l.safetensors",
+                  vae="ae.safetensors")  # fmt: skip
+DEV_DIT, DEV_TEXT_ENCODER = "flux2-dev.safetensors", "mistral_3_small_flux2_bf16.safetensors"
 MILLION_BLOCKS = "corrupt-million-blocks.safetensors"  # one tensor claiming block 1000000
 
 # Reference images (width, height) written to disk and uploaded by the tests.
@@ -170,7 +189,43 @@ def write_models(models: Path) -> dict[str, Path]:
     hostile["double_blocks.1000000.img_attn.qkv.weight"] = torch.zeros(3, 1)
     paths[MILLION_BLOCKS] = models / "diffusion_models" / MILLION_BLOCKS
     save_file(hostile, str(paths[MILLION_BLOCKS]))
+    _write_fill_files(models, paths)
+    _write_dev_files(models, paths)
     return paths
+
+
+def _write_fill_files(models: Path, paths: dict[str, Path]) -> None:
+    from tiny_flux1 import (
+        make_tiny_clip,
+        make_tiny_t5,
+        write_clip_file,
+        write_fill_dit,
+        write_flux1_vae,
+        write_t5_file,
+    )
+
+    f = FILL_FILES
+    paths[f["dit"]] = write_fill_dit(models / "diffusion_models" / f["dit"], seed=501)
+    paths[f["t5"]] = write_t5_file(make_tiny_t5(seed=502), models / "text_encoders" / f["t5"])
+    paths[f["clip"]] = write_clip_file(make_tiny_clip(seed=503), models / "text_encoders" / f["clip"])
+    paths[f["vae"]] = write_flux1_vae(models / "vae" / f["vae"], seed=504)
+
+
+def _write_dev_files(models: Path, paths: dict[str, Path]) -> None:
+    from tiny_dit import make_diffusers_dit
+    from tiny_dit import write_bfl_file as write_dit
+    from tiny_mistral import TINY_TEXT, TINY_TEXT_HEAD_128, make_tiny_mistral3, v7_tekken_json
+    from tiny_mistral import write_comfy_file as write_mistral
+
+    shape = {**DIT_SHAPE, "num_layers": 2, "num_single_layers": 2, "guidance_embeds": True,
+             "joint_attention_dim": 3 * TINY_TEXT["hidden_size"]}  # fmt: skip
+    dit = sharpen_attention(make_diffusers_dit(701, **shape))
+    paths[DEV_DIT] = write_dit(dit, models / "diffusion_models" / DEV_DIT)
+    heads = {k: TINY_TEXT_HEAD_128[k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}
+    mistral = make_tiny_mistral3(seed=702, **heads)
+    paths[DEV_TEXT_ENCODER] = write_mistral(
+        mistral, models / "text_encoders" / DEV_TEXT_ENCODER, v7_tekken_json(), layers=30, lm_head=False
+    )
 
 
 def _write_quantised_dits(dit, folder: Path, paths: dict[str, Path]) -> None:

@@ -23,51 +23,53 @@ API_WORKFLOWS = sorted((REPO / "workflows" / "api").glob("*.json"))
 MODEL, TE, VAE = "FLUX2_KLEIN_MODEL", "FLUX2_KLEIN_TEXT_ENCODER", "FLUX2_KLEIN_VAE"
 COND, REFS = "FLUX2_KLEIN_CONDITIONING", "FLUX2_KLEIN_REFERENCES"
 STITCH = "FLUX2_KLEIN_STITCH"
+FILL_MODEL, FILL_TE, FILL_VAE = "FLUX1_FILL_MODEL", "FLUX1_FILL_TEXT_ENCODER", "FLUX1_FILL_VAE"
+FILL_COND = "FLUX1_FILL_CONDITIONING"
 
 # node id: (display name, required inputs in order, optional inputs in order, output types) -- README "Nodes"
 CONTRACT = {
     "Flux2KleinModelLoader": (
-        "FLUX.2 [klein] Model Loader",
+        "FLUX.2 Model Loader",
         ["model_name", "variant"],
-        ["weight_dtype", "offload", "resident_mb"],
+        ["weight_dtype", "offload", "resident_mb", "devices"],
         [MODEL],
     ),
     "Flux2KleinTextEncoderLoader": (
-        "FLUX.2 [klein] Text Encoder Loader",
+        "FLUX.2 Text Encoder Loader",
         ["text_encoder_name"],
         ["device"],
         [TE],
     ),
-    "Flux2KleinVAELoader": ("FLUX.2 [klein] VAE Loader", ["vae_name"], [], [VAE]),
-    "Flux2KleinTextEncode": ("FLUX.2 [klein] Text Encode", ["text_encoder", "text"], [], [COND]),
+    "Flux2KleinVAELoader": ("FLUX.2 VAE Loader", ["vae_name"], [], [VAE]),
+    "Flux2KleinTextEncode": ("FLUX.2 Text Encode", ["text_encoder", "text"], [], [COND]),
     "Flux2KleinReferenceEncode": (
-        "FLUX.2 [klein] Reference Encode",
+        "FLUX.2 Reference Encode",
         ["vae", "image"],
         ["references", "max_megapixels", "resize", "tile_size", "tile_overlap"],
         [REFS],
     ),
     "Flux2KleinSampler": (
-        "FLUX.2 [klein] Sampler",
+        "FLUX.2 Sampler",
         ["model", "positive", "seed", "steps", "guidance", "width", "height", "batch_size"],
         ["negative", "references", "latent", "denoise", "kv_cache"],
         ["LATENT"],
     ),
     "Flux2KleinDecode": (
-        "FLUX.2 [klein] Decode",
+        "FLUX.2 Decode",
         ["vae", "latent"],
         ["tile_size", "tile_overlap"],
         ["IMAGE"],
     ),
-    "Flux2KleinEncode": ("FLUX.2 [klein] Encode", ["vae", "image"], [], ["LATENT"]),
+    "Flux2KleinEncode": ("FLUX.2 Encode", ["vae", "image"], [], ["LATENT"]),
     "Flux2KleinInpaintPrepare": (
-        "FLUX.2 [klein] Inpaint Prepare",
+        "FLUX.2 Inpaint Prepare",
         ["vae", "image", "mask"],
         ["references", "grow_mask", "crop_to_mask", "context"],
         ["LATENT", REFS, STITCH],
     ),
-    "Flux2KleinComposite": ("FLUX.2 [klein] Composite", ["image", "stitch", "feather"], [], ["IMAGE"]),
+    "Flux2KleinComposite": ("FLUX.2 Composite", ["image", "stitch", "feather"], [], ["IMAGE"]),
     "Flux2KleinOutpaintPad": (
-        "FLUX.2 [klein] Outpaint Pad",
+        "FLUX.2 Outpaint Pad",
         ["image", "left", "top", "right", "bottom", "feather"],
         [],
         ["IMAGE", "MASK"],
@@ -77,6 +79,33 @@ CONTRACT = {
         ["model", "lora_name", "strength"],
         ["block_strengths", "text_encoder"],
         [MODEL, "STRING", TE],
+    ),
+    # README "FLUX.1 Fill [dev]"
+    "Flux1FillModelLoader": (
+        "FLUX.1 Fill [dev] Model Loader",
+        ["model_name"],
+        ["weight_dtype"],
+        [FILL_MODEL],
+    ),
+    "Flux1FillTextEncoderLoader": (
+        "FLUX.1 Fill [dev] Text Encoder Loader",
+        ["t5_name", "clip_name"],
+        ["device"],
+        [FILL_TE],
+    ),
+    "Flux1FillVAELoader": ("FLUX.1 Fill [dev] VAE Loader", ["vae_name"], [], [FILL_VAE]),
+    "Flux1FillTextEncode": ("FLUX.1 Fill [dev] Text Encode", ["text_encoder", "text"], [], [FILL_COND]),
+    "Flux1FillSampler": (
+        "FLUX.1 Fill [dev] Sampler",
+        ["model", "positive", "vae", "image", "mask", "seed", "steps", "guidance"],
+        ["denoise", "grow_mask", "crop_to_mask", "context", "batch_size"],
+        ["LATENT", STITCH],
+    ),
+    "Flux1FillDecode": (
+        "FLUX.1 Fill [dev] Decode",
+        ["vae", "latent"],
+        ["tile_size", "tile_overlap"],
+        ["IMAGE"],
     ),
 }
 # the socket (link) inputs and their types; everything else in the contract is a widget
@@ -92,6 +121,9 @@ SOCKET_TYPES = {
     "mask": "MASK",
     "stitch": STITCH,
 }
+# the FLUX.1 Fill nodes' own socket types, where they differ
+FILL_SOCKET_TYPES = {**SOCKET_TYPES, "text_encoder": FILL_TE, "vae": FILL_VAE, "model": FILL_MODEL,
+                     "positive": FILL_COND}  # fmt: skip
 
 # Per bundled workflow: the reference images to upload (sizes), the sampler inputs patched, and the output
 # size expected. The distilled text-to-image workflow runs at its own 1024x1024 (about 10 s on two CPU
@@ -111,6 +143,14 @@ WORKFLOW_RUNS = {
     "flux2_klein_4b_inpaint": dict(refs=[("masked", 96, 64)], sets=[], size=(96, 64)),
     "flux2_klein_4b_outpaint": dict(refs=[(96, 64)], sets=[], size=(96 + 256, 64)),
     "flux2_klein_4b_lora": dict(refs=[], sets=["width=128", "height=96"], size=(128, 96)),
+    # FLUX.2 [dev]: patched to a small size and few steps (its 50 steps at 1024x1024 take minutes on the CPU)
+    "flux2_dev_text_to_image": dict(refs=[], sets=["width=192", "height=128", "steps=6"], size=(192, 128)),
+    "flux2_dev_multi_reference_edit": dict(
+        refs=[(96, 64), (64, 80), (80, 80)], sets=["steps=4"], size=(96, 64)
+    ),
+    # FLUX.1 Fill [dev]: 8 of its 50 steps; the output is the original's size (outpaint: the padded canvas)
+    "flux1_fill_inpaint": dict(refs=[("masked", 96, 64)], sets=["steps=8"], size=(96, 64)),
+    "flux1_fill_outpaint": dict(refs=[(96, 64)], sets=["steps=8"], size=(96 + 256, 64)),
 }
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
@@ -140,9 +180,11 @@ def test_object_info_has_every_node_with_the_contract_inputs(comfy):
     assert not missing, f"not registered: {missing}\n{comfy.log()[-4000:]}"
     for node_id, (display, required, optional, outputs) in CONTRACT.items():
         node = info[node_id]
+        fill = node_id.startswith("Flux1Fill")
+        sockets = FILL_SOCKET_TYPES if fill else SOCKET_TYPES
         assert node["display_name"] == display, node_id
         assert node["python_module"] == "custom_nodes.comfyui-flux2-klein", node_id
-        assert node["category"].startswith("flux2_klein"), node_id
+        assert node["category"].startswith("flux1_fill" if fill else "flux2_klein"), node_id
         assert node["input_order"].get("required", []) == required, node_id
         assert node["input_order"].get("optional", []) == optional, node_id
         assert list(node["input"].get("required", {})) == required, node_id
@@ -150,8 +192,8 @@ def test_object_info_has_every_node_with_the_contract_inputs(comfy):
         assert node["output"] == outputs, node_id
         for name in required + optional:
             spec = input_spec(node, name)
-            if name in SOCKET_TYPES:
-                assert spec[0] == SOCKET_TYPES[name], (node_id, name, spec[0])
+            if name in sockets:
+                assert spec[0] == sockets[name], (node_id, name, spec[0])
             else:
                 assert isinstance(spec[0], list) or spec[0] in WIDGET_TYPES, (node_id, name, spec[0])
     # the model lists are ComfyUI's folders, which hold the official file names the workflows use
@@ -159,21 +201,27 @@ def test_object_info_has_every_node_with_the_contract_inputs(comfy):
         "flux-2-klein-4b.safetensors",
         "flux-2-klein-base-4b.safetensors",
         "flux-2-klein-9b-kv.safetensors",
+        "flux2-dev.safetensors",
     } <= set(info["Flux2KleinModelLoader"]["input"]["required"]["model_name"][0])
-    assert {"qwen_3_4b.safetensors", "qwen_3_8b.safetensors"} <= set(
-        info["Flux2KleinTextEncoderLoader"]["input"]["required"]["text_encoder_name"][0]
-    )
+    assert {
+        "qwen_3_4b.safetensors",
+        "qwen_3_8b.safetensors",
+        "mistral_3_small_flux2_bf16.safetensors",
+    } <= set(info["Flux2KleinTextEncoderLoader"]["input"]["required"]["text_encoder_name"][0])
     assert "flux2-vae.safetensors" in info["Flux2KleinVAELoader"]["input"]["required"]["vae_name"][0]
     assert info["Flux2KleinModelLoader"]["input"]["required"]["variant"][0] == [
         "auto",
         "distilled",
         "base",
         "kv",
+        "dev",
     ]
-    # the pack registers exactly these nodes, all found as "FLUX.2 [klein] ..." in the node search
+    # a server started with --cpu: the text encoder's device choices are these two (then any accelerators)
+    assert info["Flux2KleinTextEncoderLoader"]["input"]["optional"]["device"][0][:2] == ["default", "cpu"]
+    # the pack registers exactly these nodes, found as "FLUX.2 ..." / "FLUX.1 Fill [dev] ..." in the search
     ours = [i for i, n in info.items() if n["python_module"] == "custom_nodes.comfyui-flux2-klein"]
     assert sorted(ours) == sorted(CONTRACT)
-    assert all(info[i]["display_name"].startswith("FLUX.2 [klein] ") for i in ours)
+    assert all(info[i]["display_name"].startswith(("FLUX.2 ", "FLUX.1 Fill [dev] ")) for i in ours)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -201,7 +249,8 @@ def test_bundled_api_workflow_runs(comfy, name):
     entry = comfy.run(patched, timeout=300, on_event=lambda kind, data: events.append(kind))
     assert entry["status"]["status_str"] == "success"
     images = comfy.kc.fetch_outputs(entry)
-    assert len(images) == 1 and images[0]["subfolder"] == "flux2_klein", images
+    folder = "_".join(name.split("_")[:2])  # flux2_klein, flux2_dev, flux1_fill: the workflow's prefix
+    assert len(images) == 1 and images[0]["subfolder"] == folder, images
     image = comfy.images(entry)[images[0]["node_id"]]
     assert image.size == run["size"], (name, image.size)
     assert np.asarray(image.convert("RGB")).std() > 5, "the output image is flat"
