@@ -3,6 +3,9 @@ through transformers on the meta device and cut to the layers whose hidden state
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import torch
 
 from .ops import adopt_linears
@@ -31,3 +34,16 @@ def build_decoder(config_cls, model_cls, shape, num_layers: int, **extra) -> tor
         model = model_cls(config)
     model.norm = torch.nn.Identity()
     return adopt_linears(model)
+
+
+LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
+
+
+def layers_wanted(layers_run: int) -> Callable[[str], bool]:
+    """The keys a decoder cut to ``layers_run`` layers loads: the token embeddings and layers 0 ..
+    layers_run - 1. The final norm, the later layers and ``lm_head`` are left in the file on purpose."""
+
+    def wanted(key: str) -> bool:
+        return key == "embed_tokens.weight" or bool((m := LAYER_KEY.match(key)) and int(m[1]) < layers_run)
+
+    return wanted

@@ -31,7 +31,7 @@ from .checkpoint import Checkpoint, tensor_shape
 from .configs import FLUX2, preset_name
 from .errors import Flux2Error
 from .keymaps import MISTRAL, MISTRAL_PREFIXES, strip_prefix
-from .llm import build_decoder
+from .llm import LAYER_KEY, build_decoder, layers_wanted
 from .loading import ComponentSpec, block_count
 from .tekken import (
     MISTRAL_TEMPLATE,
@@ -49,7 +49,7 @@ MISTRAL_LAYERS_RUN = DEV_MISTRAL.layers_run
 DEFAULT_HEAD_DIM = 128  # Mistral Small 3.x; only used when no config.json says otherwise
 MISTRAL_WIDTH = 5120
 TEKKEN_TENSOR = "tekken_model"  # ComfyUI's single files carry tekken.json's bytes as this uint8 tensor
-_LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
+_LAYER_KEY = LAYER_KEY
 _PROBE = ("".join(TEMPLATE_CONTROLS), list(TEMPLATE_CONTROLS.values()))
 
 
@@ -263,13 +263,6 @@ def _text_config(config: dict | None) -> dict:
     return text if isinstance(text, dict) else config
 
 
-def _wanted(key: str) -> bool:
-    # Only what the 30 layers use: embeddings and layers 0..29. The final norm, layers 30+ and lm_head go.
-    return key == "embed_tokens.weight" or bool(
-        (m := _LAYER_KEY.match(key)) and int(m.group(1)) < MISTRAL_LAYERS_RUN
-    )
-
-
 MISTRAL_SPEC = ComponentSpec(
     what="text encoder",
     component="text_encoder",
@@ -279,5 +272,5 @@ MISTRAL_SPEC = ComponentSpec(
     describe=describe_mistral,
     prefixes=(MISTRAL_PREFIXES,),
     identify=identify_mistral,
-    wanted=_wanted,
+    wanted=layers_wanted(MISTRAL_LAYERS_RUN),
 )

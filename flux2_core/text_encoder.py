@@ -26,7 +26,7 @@ from .configs import FLUX2, preset_name
 from .errors import Flux2Error
 from .hooks import before_each, calling
 from .keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
-from .llm import build_decoder
+from .llm import LAYER_KEY, build_decoder, layers_wanted
 from .loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint, read_config
 from .lora import TE, patched
 from .mistral import MISTRAL_SPEC, MistralShape, builtin_tekken, describe_mistral, is_mistral, mistral_prompt
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 KLEIN_QWEN3 = PromptSpec((9, 18, 27), FLUX2.max_text_tokens, QWEN_CHAT_TEMPLATE, PAD_TOKEN_ID)
 QWEN3_HIDDEN_LAYERS = KLEIN_QWEN3.hidden_layers
 NUM_LAYERS_RUN = KLEIN_QWEN3.layers_run
-_LAYER_KEY = re.compile(r"^layers\.(\d+)\.")
+_LAYER_KEY = LAYER_KEY
 QWEN_VOCAB_SIZE = NUM_BPE_TOKENS + len(QWEN_ADDED_TOKENS)  # 151669: every id the tokenizer can give
 
 
@@ -356,14 +356,6 @@ def _tokenizer_beside(ckpt: Checkpoint) -> TextTokenizer:
     return load_tokenizer(found) if found is not None else builtin_tokenizer()
 
 
-def _wanted(key: str) -> bool:
-    # Only what the 27 layers use: embeddings and layers 0..26. The final norm, layers 27+ and lm_head are
-    # dropped on purpose.
-    return key == "embed_tokens.weight" or bool(
-        (m := _LAYER_KEY.match(key)) and int(m.group(1)) < NUM_LAYERS_RUN
-    )
-
-
 QWEN3_SPEC = ComponentSpec(
     what="text encoder",
     component="text_encoder",
@@ -373,5 +365,5 @@ QWEN3_SPEC = ComponentSpec(
     describe=describe_qwen3,
     prefixes=(QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES),
     identify=identify_qwen3,
-    wanted=_wanted,
+    wanted=layers_wanted(NUM_LAYERS_RUN),
 )

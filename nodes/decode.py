@@ -47,15 +47,18 @@ class Flux2KleinDecode:
 
     def decode(self, vae: types.KleinVAE, latent: dict, tile_size: int = 0, tile_overlap: int = 64):
         samples = convert.latent_samples(latent)
-        height, width = samples.shape[-2] * FLUX2.size_multiple, samples.shape[-1] * FLUX2.size_multiple
-        # Automatic (0) reserves the whole-image estimate: ComfyUI frees what it can, then the VAE tiles only
-        # if that was not enough.
-        host.load(vae.patcher, vae.vae.decode_memory(height, width, tile_size, tile_overlap))
-        # One image at a time: decoding at full resolution is the VAE's memory peak.
-        device = host.intermediate_device()
-        advice = "decode a smaller image or fewer at once, or set a smaller tile_size (e.g. 512)"
-        with host.out_of_memory(f"decoding {width}x{height}", advice):
-            pixels = torch.cat(  # [B, 3, H, W]
-                [vae.vae.decode(item, tile_size, tile_overlap).to(device) for item in samples.split(1)]
-            )
-        return (convert.pixels_to_image(pixels),)
+        return (decode_samples(vae, samples, FLUX2.size_multiple, tile_size, tile_overlap),)
+
+
+def decode_samples(vae, samples, scale: int, tile_size: int, tile_overlap: int):
+    """Latents [B, C, h, w] -> IMAGE with a loaded VAE payload (``scale``: pixels per latent cell)."""
+    height, width = samples.shape[-2] * scale, samples.shape[-1] * scale
+    # Automatic (0) reserves the whole-image estimate: ComfyUI frees what it can, then the VAE tiles only
+    # if that was not enough.
+    host.load(vae.patcher, vae.vae.decode_memory(height, width, tile_size, tile_overlap))
+    # One image at a time: decoding at full resolution is the VAE's memory peak.
+    device = host.intermediate_device()
+    advice = "decode a smaller image or fewer at once, or set a smaller tile_size (e.g. 512)"
+    with host.out_of_memory(f"decoding {width}x{height}", advice):
+        pixels = [vae.vae.decode(item, tile_size, tile_overlap).to(device) for item in samples.split(1)]
+    return convert.pixels_to_image(torch.cat(pixels))  # [B, H, W, 3]

@@ -8,8 +8,6 @@ original, so every pixel outside the mask stays the original's. Its LATENT is na
 
 from __future__ import annotations
 
-import torch
-
 from ..flux2_core import (
     MAX_BATCH,
     MAX_FILL_GUIDANCE,
@@ -26,7 +24,7 @@ from ..flux2_core import (
     sample_fill,
 )
 from . import convert, host, types
-from .decode import tile_inputs
+from .decode import decode_samples, tile_inputs
 from .types import socket
 
 TEXT_TOOLTIP = (
@@ -182,11 +180,4 @@ class Flux1FillDecode:
 
     def decode(self, vae: types.FillVAE, latent: dict, tile_size: int = 0, tile_overlap: int = 64):
         samples = convert.fill_latent_samples(latent)
-        scale = vae.vae.downscale
-        height, width = samples.shape[-2] * scale, samples.shape[-1] * scale
-        host.load(vae.patcher, vae.vae.decode_memory(height, width, tile_size, tile_overlap))
-        device = host.intermediate_device()
-        advice = "decode a smaller image or fewer at once, or set a smaller tile_size (e.g. 512)"
-        with host.out_of_memory(f"decoding {width}x{height}", advice):
-            pixels = [vae.vae.decode(item, tile_size, tile_overlap).to(device) for item in samples.split(1)]
-        return (convert.pixels_to_image(torch.cat(pixels)),)
+        return (decode_samples(vae, samples, vae.vae.downscale, tile_size, tile_overlap),)
