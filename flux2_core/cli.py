@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from . import cli_inputs as inputs
 from .cli_edit import IMG2IMG_STRENGTH, composite_pixels, encode_edit, prepare_edit
-from .configs import FLUX2, KLEIN_VARIANTS
+from .configs import FLUX2, VARIANTS
 from .errors import Flux2Error
 from .hub import DEFAULT_MODEL
 from .loading import weight_bytes
@@ -34,7 +34,8 @@ VAE_TILE_OVERLAP = 64  # pixels shared by neighbouring VAE tiles, blended (a qua
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m flux2_core", description="FLUX.2 [klein] and FLUX.1 Fill [dev] image generation"
+        prog="python -m flux2_core",
+        description="FLUX.2 [klein], FLUX.2 [dev] and FLUX.1 Fill [dev] image generation",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="text-to-image, editing, img2img, inpaint and outpaint")
@@ -44,16 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--text-encoder",
         action="append",
         default=None,
-        help=f"Qwen3 text encoder: {where}; default: the model's repo if it has one, else the official "
-        "repo that pairs with the model (klein 4B: Qwen3-4B, klein 9B: Qwen3-8B). FLUX.1 Fill [dev] takes "
-        "two, in any order: T5-XXL and CLIP-L",
+        help=f"text encoder: {where}; default: the model's repo if it has one, else the official repo that "
+        "pairs with the model (klein 4B: Qwen3-4B, klein 9B: Qwen3-8B, dev: Mistral Small 3.2). FLUX.1 Fill "
+        "[dev] takes two, in any order: T5-XXL and CLIP-L",
     )
     gen.add_argument(
         "--tokenizer", action="append", default=None, metavar="DIR",
-        help="FLUX.1 Fill: a T5 or CLIP tokenizer folder (HF layout); repeat for both. Default: diffusers' "
-        "tokenizer/ and tokenizer_2/ beside the text encoders",
+        help="a tokenizer folder (HF layout) for the text encoder; FLUX.1 Fill: a T5 and a CLIP one, in any "
+        "order. Default: the tokenizer folders beside the text encoder(s), else the built-in one (FLUX.2)",
     )  # fmt: skip
-    gen.add_argument("--vae", default=None, help=f"FLUX.2 VAE: {where}; default: as for --text-encoder")
+    gen.add_argument(
+        "--vae", default=None, help=f"VAE: {where} (FLUX.2: flux2-vae, FLUX.1 Fill: ae); default: as for "
+        "--text-encoder (FLUX.2)",
+    )  # fmt: skip
     gen.add_argument("--prompt", action="append", required=True, help="repeat for one output per prompt")
     gen.add_argument(
         "--negative", default=None, help="negative prompt for base models (default: empty prompt)"
@@ -76,13 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-composite", action="store_true", help="save the raw decoded inpaint, no composite")
     gen.add_argument("--width", type=int, default=None, help="default: first reference's size, else 1024")
     gen.add_argument("--height", type=int, default=None)
-    gen.add_argument("--steps", type=int, default=None, help="default: 4 distilled / kv, 50 base and Fill")
+    gen.add_argument("--steps", type=int, default=None, help="default: 4 distilled / kv, 50 base, dev, Fill")
     gen.add_argument(
-        "--guidance", type=float, default=None, help="default: 1.0 distilled / kv, 4.0 base, 30 FLUX.1 Fill"
+        "--guidance",
+        type=float,
+        default=None,
+        help="default: 1 distilled / kv, 4 base and dev, 30 FLUX.1 Fill",
     )
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--batch-size", type=int, default=1)
-    gen.add_argument("--variant", default="auto", choices=["auto", *KLEIN_VARIANTS])
+    gen.add_argument(
+        "--variant", default="auto", choices=["auto", *VARIANTS], help="default: read from the file"
+    )
     gen.add_argument(
         "--dtype", default=None, choices=list(DTYPES), help="default: bfloat16 on GPU, float32 on CPU"
     )
@@ -176,7 +185,12 @@ def _generate(args: argparse.Namespace, fill: bool, ranks) -> list[Path]:
         check_fill_args(args)
     elif args.text_encoder and len(args.text_encoder) > 1:
         raise Flux2Error(
-            "FLUX.2 [klein] takes one --text-encoder (Qwen3); two (T5-XXL, CLIP-L) are for FLUX.1 Fill [dev]"
+            "FLUX.2 models take one --text-encoder (Qwen3 or Mistral); two (T5-XXL, CLIP-L) are FLUX.1 Fill's"
+        )
+    elif args.tokenizer and (len(args.tokenizer) > 1 or not Path(args.tokenizer[0]).is_dir()):
+        raise Flux2Error(
+            f"--tokenizer {' '.join(args.tokenizer)}: a FLUX.2 run takes one tokenizer folder (HF layout) "
+            "for its text encoder; two (T5, CLIP) are for FLUX.1 Fill"
         )
     else:
         args = argparse.Namespace(**{**vars(args), "text_encoder": (args.text_encoder or [None])[0]})
@@ -247,11 +261,12 @@ def _generate(args: argparse.Namespace, fill: bool, ranks) -> list[Path]:
     # 2. Text first (every prompt at once, on the main process), then the encoder leaves the device.
     keep = device.type != "mps"  # MPS cannot hold float8: quantised files are dequantised at load there
     model = ranks.load_transformer(args.model, args.variant, dtype, keep)
-    encoder = (
-        load_text_encoder(text_encoder, dtype=dtype, device=device, keep_quantized=keep)
-        if ranks.is_main
-        else None
-    )
+    tokenizer = args.tokenizer[0] if args.tokenizer else None
+    encoder = None
+    if ranks.is_main:
+        encoder = load_text_encoder(
+            text_encoder, dtype, device, tokenizer_path=tokenizer, keep_quantized=keep
+        )
     for lora_file, strength in loras:  # each LoRA's report is logged as it is matched
         lora = prepare_lora(lora_file, model.transformer, encoder.model if encoder else None, strength)
         model, encoder = model.with_lora(lora), encoder.with_lora(lora) if encoder else None

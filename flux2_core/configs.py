@@ -128,8 +128,8 @@ class Variant:
     def check_references(self, count: int) -> None:
         if self.max_references is not None and count > self.max_references:
             raise Flux2Error(
-                f"{count} reference images: the {self.name} model takes up to {self.max_references} (BFL's "
-                "figure for FLUX.2 [dev]); combine fewer, or stitch several into one image"
+                f"{count} reference images: the {self.name} model takes up to {self.max_references} (BFL "
+                "recommends at most 6 for FLUX.2 [dev]); give fewer, or stitch several into one image"
             )
 
     @property

@@ -153,7 +153,7 @@ DIT = KeyMap(
     ]
 )
 
-# The FLUX.2 VAE: diffusers ``AutoencoderKLFlux2`` names -> BFL names (spec 4.3), renames applied in order.
+# The FLUX.2 VAE: diffusers ``AutoencoderKLFlux2`` names -> BFL names, renames applied in order.
 # ``up_blocks.{i}`` is BFL's ``up.{levels - 1 - i}``. ComfyUI's top-level quant convs and a bare decoder's
 # post_quant_conv use the first two. diffusers' attention q/k/v/out are Linear [C, C] where BFL has 1x1
 # convs [C, C, 1, 1]: the loader adds the trailing unit dims.

@@ -54,6 +54,9 @@ class ComponentSpec:
     wanted: Callable[[str], bool] = lambda key: True  # our keys to load; the rest of the file is skipped
     keep_float32: tuple[str, ...] = ()
     int8_matmul: bool = False  # int8 layers multiply in int8 (ComfyUI: diffusion models; encoders dequantise)
+    # layers a file may store quantised that are loaded in the compute dtype (their model reads the weight's
+    # dtype: transformers' T5 casts its activations to ``wo.weight.dtype``)
+    dequantized: Callable[[str], bool] = lambda name: False
     defaults: Mapping[str, Callable[[], torch.Tensor]] = field(default_factory=dict)  # optional in files
     # The weight source of each linear layer, given its name and the checkpoint (default: plain weights).
     sources: Callable[[str, Linear, Checkpoint], WeightSource] | None = None
@@ -104,7 +107,8 @@ def load_checkpoint(
         pieces, shapes, quantized, tensors = shard(module, pieces, shapes, quantized, tensors, what)
     wanted = {key: parts for key, parts in pieces.items() if spec.wanted(key)}
     quantized = {name: q for name, q in quantized.items() if spec.wanted(name + ".weight")}
-    kept = _keep_quantized(module, wanted, quantized, what, spec.int8_matmul) if keep_quantized else {}
+    keep = {name: q for name, q in quantized.items() if not spec.dequantized(name)} if keep_quantized else {}
+    kept = _keep_quantized(module, wanted, keep, what, spec.int8_matmul) if keep else {}
     eager = {name + ".weight": q for name, q in quantized.items() if name not in kept}
     fill(module, wanted, tensors, shapes, dtype, device, spec, what, kept, eager)
     if spec.sources is not None:
@@ -177,6 +181,7 @@ def weight_bytes(spec: ComponentSpec, path: str | Path, dtype: torch.dtype) -> t
     checkpoint = open_checkpoint(path, spec.component)
     pieces, shapes, quantized = plan_checkpoint(spec, checkpoint)
     config = read_config(spec, shapes, checkpoint)
+    quantized = {name: q for name, q in quantized.items() if not spec.dequantized(name)}
     if quantized:  # which layers stay quantised depends on the module: the meta model says
         with torch.device("meta"):
             quantized = kept_quantized(spec.build(config), quantized)

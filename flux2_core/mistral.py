@@ -1,6 +1,6 @@
 """Mistral Small 3.x, the text encoder of FLUX.2 [dev]: its files, shape, 30-layer model and tokenizer.
 
-dev conditions on the language model of Mistral-Small-3.2-24B-Instruct-2506 (dev spec §3): each token's
+dev conditions on the language model of Mistral-Small-3.2-24B-Instruct-2506: each token's
 conditioning is ``[h10 | h20 | h30]``, the raw residual streams after 0-based layers 9, 19 and 29 (no final
 norm), 3 x 5120 = 15360 wide. Only the embedding and layers 0-29 are built and run: a ``transformers``
 ``MistralModel`` of 30 layers whose final norm is an identity. The vision tower, projector, ``lm_head`` and
@@ -14,7 +14,7 @@ transformers' Tekken tokenizer (``TokenizersBackend``; its mistral-common backen
 installed and a folder holds only tekken.json, pads left, so diffusers' own choice depends on the
 environment) and leaves nothing open: real tokens are the same either way (RoPE is relative), but left pads
 are query rows with every key masked, whose states depend on the attention backend (sdpa and eager differ
-there, dev spec §3.5) and still reach the DiT. A folder that asks for left padding gets it, with
+there) and still reach the DiT. A folder that asks for left padding gets it, with
 transformers' sdpa behaviour for those rows, which is what diffusers computes in the same environment.
 """
 

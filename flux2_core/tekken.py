@@ -1,6 +1,6 @@
 """Tekken, the tokenizer of Mistral Small 3.x (FLUX.2 [dev]'s text encoder), and the dev prompt template.
 
-Tekken is a tiktoken byte-level BPE: token id = BPE rank + 1000, ids 0-999 are control tokens (dev spec §3.3).
+Tekken is a tiktoken byte-level BPE: token id = BPE rank + 1000, ids 0-999 are control tokens.
 The built-in vocabulary is ``data/tekken_240911.json`` of the PyPI package ``mistral-common`` (Mistral's own
 tokenizer package), found with ``importlib.resources``; its first 130,072 ranks plus the 1000 control tokens
 below give the ids of Mistral-Small-3.1/3.2 (checked against their published id vectors). The encoding is a

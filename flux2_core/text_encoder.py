@@ -1,4 +1,4 @@
-"""Text encoders of FLUX.2: prompts -> [B, 512, 3*E] conditioning (klein spec §5, dev spec §3).
+"""Text encoders of FLUX.2: prompts -> [B, 512, 3*E] conditioning.
 
 klein: Qwen3-4B (klein 4B) or Qwen3-8B (klein 9B) runs through ``transformers.Qwen3Model`` cut to its first 27
 decoder layers, with its padding mask. Each token's conditioning is ``[h9 | h18 | h27]``; ``hidden_states[0]``
@@ -139,7 +139,7 @@ class TextEncoder:
 
     @torch.no_grad()
     def encode(self, prompts: list[str] | str, interrupt: Callable[[], None] | None = None) -> torch.Tensor:
-        """Prompts -> [B, 512, 3*E]: per token the spec's hidden states ([h9 | h18 | h27] for klein), pads
+        """Prompts -> [B, 512, 3*E]: per token the chosen hidden states ([h9 | h18 | h27] for klein), pads
         included.
 
         ``interrupt`` is called before each decoder layer and may raise to stop.

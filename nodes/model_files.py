@@ -76,7 +76,7 @@ FILES = {
                   "Comfy-Org/flux2-dev", APACHE, 0.17, "the FLUX.2 VAE, for every model"),
         # FLUX.2 [dev]: BFL's bf16 DiT (gated), Comfy-Org's fp8mixed DiT and Comfy-Org's Mistral text encoder
         # cut to the 30 layers dev reads (ComfyUI takes the Tekken tokenizer from the file itself). Sizes from
-        # the parameter counts (dev spec 2.2 and 3.1): 32.2 B DiT parameters, 17.3 B in the embedding and
+        # the parameter counts: 32.2 B DiT parameters, 17.3 B in the embedding and
         # layers 0-29.
         ModelFile("flux2-dev.safetensors", "diffusion_models",
                   f"{HF}/black-forest-labs/FLUX.2-dev/resolve/main/flux2-dev.safetensors",

@@ -124,3 +124,16 @@ def test_dev_takes_up_to_ten_references(files, tmp_path, caplog):
     out = tmp_path / "x.png"
     assert main([*_argv(files, out), *["--reference", str(image)] * 11]) == 2
     assert "11 reference images: the dev model takes up to 10" in caplog.text and not out.exists()
+
+
+def test_a_flux2_run_takes_one_existing_tokenizer_folder(files, tmp_path, caplog):
+    out = tmp_path / "x.png"
+    assert main([*_argv(files, out), "--tokenizer", str(tmp_path / "missing")]) == 2
+    assert "a FLUX.2 run takes one tokenizer folder" in caplog.text and not out.exists()
+
+
+def test_a_fill_hub_id_is_told_by_its_name_before_any_download():
+    from flux2_core.flux1.cli_fill import is_flux1_model
+
+    assert is_flux1_model("black-forest-labs/FLUX.1-Fill-dev")
+    assert not is_flux1_model("black-forest-labs/FLUX.2-dev")

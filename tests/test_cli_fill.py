@@ -152,7 +152,7 @@ def test_wrong_files_and_options_are_refused_by_name(files, other_files, tmp_pat
     swaps = [
         ("vae", "flux2_vae", "FLUX.1 Fill [dev] needs ae.safetensors"),
         ("clip", "qwen", "neither T5-XXL nor CLIP-L"),
-        ("model", "klein", "two (T5-XXL, CLIP-L) are for FLUX.1 Fill"),
+        ("model", "klein", "two (T5-XXL, CLIP-L) are FLUX.1 Fill's"),
     ]
     for ours, theirs, message in swaps:  # one file replaced by another family's
         argv = _argv(files, out, *mask)

@@ -1,4 +1,4 @@
-"""FLUX.2 [dev] against diffusers' Flux2Pipeline on the same tiny random weights (dev spec §6).
+"""FLUX.2 [dev] against diffusers' Flux2Pipeline on the same tiny random weights.
 
 A dev-like DiT (embedded guidance, 48-wide text = 3 x the tiny Mistral's 16) is written in diffusers' folder
 layout and loaded by ``load_transformer``; the tiny Mistral3 text encoder in its HF folder layout is loaded by
@@ -144,3 +144,22 @@ def test_full_run_matches_diffusers(weights, model, encoder, case):
     diff = (got - expected).abs().max().item()
     print(f"{case}: max abs difference vs diffusers {diff:.1e}")
     assert diff <= TOLERANCE, f"{case}: max abs difference {diff:.2e}"
+
+
+@pytest.mark.parametrize(
+    ("guidance", "embedded"), [(2.5, 2496.0), (3.5, 3504.0), (4.0, 4000.0), (5.0, 4992.0)]
+)
+def test_guidance_is_embedded_as_1000_g_formed_in_the_compute_dtype(weights, guidance, embedded):
+    # BFL and diffusers form 1000 * g in the latent dtype: bf16(bf16(g) * 1000), e.g. 2.5 -> 2496
+    from flux2_core.layers import timestep_embedding
+
+    net = load_transformer(weights["root"], dtype=torch.bfloat16).transformer
+    seen = []
+    handle = net.guidance_in.in_layer.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    x = torch.zeros(1, 4, net.config.in_channels, dtype=torch.bfloat16)
+    ctx = torch.zeros(1, 3, net.config.context_in_dim, dtype=torch.bfloat16)
+    with torch.no_grad():
+        net(x, image_ids(2, 2), torch.tensor([0.5]), ctx, text_ids(3), guidance=torch.tensor([guidance]))
+    handle.remove()
+    expected = timestep_embedding(torch.tensor([embedded]), factor=1.0).to(torch.bfloat16)
+    assert torch.equal(seen[0], expected)

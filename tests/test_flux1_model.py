@@ -1,8 +1,8 @@
 """FLUX.1 Fill [dev] shapes, schedule, file pairing and quantised files.
 
-- The real configurations built on the meta device have the spec's parameter counts (3.3) and BFL key
+- The real configurations built on the meta device have the published parameter counts and BFL key
   table (3.1).
-- ``fill_sigmas`` equals diffusers' scheduler with the Fill config and the spec's worked values (7.1).
+- ``fill_sigmas`` equals diffusers' scheduler with the Fill config and BFL's get_schedule values.
 - A wrong file in any loader (the FLUX.2 model, VAE or text encoder; FLUX.1 [dev] or Canny; swapped
   encoders) is refused with a message that names the right file; float16, mismatched or odd-sized masks are
   refused; a "white" 8-bit mask hides every source pixel.
@@ -39,6 +39,7 @@ from flux2_core.flux1 import (
     FillConditioning,
     FillSettings,
     Flux1AutoEncoder,
+    Flux1Config,
     Flux1Transformer,
     fill_inputs,
     fill_sigmas,
@@ -68,7 +69,7 @@ def test_real_configs_have_the_spec_parameter_counts():
     with torch.device("meta"):
         dit, vae = Flux1Transformer(FILL_DEV), Flux1AutoEncoder(FLUX1_VAE)
         t5, clip = build_t5(T5_XXL), build_clip(CLIP_L)
-    # spec 3.3 [verified, meta device]
+    # the published configurations, counted on the meta device
     assert _count(dit) == 11_902_391_360
     assert _count(dit.double_blocks[0]) == 339_831_296
     assert _count(dit.single_blocks[0]) == 141_591_808
@@ -118,7 +119,9 @@ def _with_biases(table: dict[str, tuple[int, ...]], prefix: str = "") -> dict[st
 def test_dit_keys_are_the_bfl_table():
     with torch.device("meta"):
         shapes = {k: tuple(v.shape) for k, v in Flux1Transformer(FILL_DEV).state_dict().items()}
-    assert len(shapes) == 780 == 20 + 19 * 24 + 38 * 8  # spec 3.1 [verified]
+    assert (
+        len(shapes) == 780 == 20 + 19 * 24 + 38 * 8
+    )  # BFL's layout: 20 top-level, 24 per double, 8 per single block
     want = _with_biases(TOP_LEVEL)
     for n in range(19):
         want |= _with_biases(DOUBLE, f"double_blocks.{n}.")
@@ -133,7 +136,7 @@ def test_dit_keys_are_the_bfl_table():
 
 
 def test_schedule_worked_values():
-    # spec 7.1 [verified]: 64x96 (24 tokens), 3 steps; mu 1.15 at 1024x1024, 0.63 at 512x512
+    # BFL's get_schedule: 64x96 (24 tokens), 3 steps; mu 1.15 at 1024x1024, 0.63 at 512x512
     assert fill_sigmas(3, 24).tolist() == pytest.approx([1.0, 0.76022, 0.44216, 0.0], abs=1e-5)
     assert schedule_shift(4096) == pytest.approx(1.15)
     assert schedule_shift(1024) == pytest.approx(0.63)
@@ -287,7 +290,7 @@ def test_a_white_8bit_mask_hides_every_source_pixel():
     assert torch.equal(masked[0][painted], torch.zeros(int(painted.sum())))  # exactly 0 (mid grey)
     assert torch.equal(masked[0][~painted], pixels[0][~painted])  # the rest untouched
     channels = fill.tokens[0, :, 64:]
-    assert set(channels.unique().tolist()) == {0.0, 1.0}  # binary mask channels (spec 6.2, diffusers)
+    assert set(channels.unique().tolist()) == {0.0, 1.0}  # binary mask channels (as diffusers)
     assert channels.sum().item() == 32 * 56  # one channel per painted pixel
 
 
@@ -345,3 +348,55 @@ def test_q8_0_gguf_fill_dit_computes_its_dequantised_weights(fill_sd, tmp_path):
     assert (got - want).abs().max().item() < 1e-5  # measured 0.0
     exact = _forward(load_fill_transformer(save_tensors(fill_sd, tmp_path / "float.safetensors")))
     assert ((got - exact).norm() / exact.norm()).item() < 0.02
+
+
+@pytest.mark.parametrize("form", ["tensor", "legacy"])
+def test_fp8_t5_encodes_as_its_dequantised_weights(tmp_path, form):
+    # ComfyUI's t5xxl_fp8_e4m3fn_scaled.safetensors: every projection in fp8. transformers' T5 casts its
+    # activations to ``wo.weight.dtype``, so ``wo`` is loaded in the compute dtype; the rest stays fp8.
+    t5 = make_parity_t5(seed=9)
+    sd = {k: v for k, v in t5.state_dict().items() if k != "encoder.embed_tokens.weight"}
+    linear = ("q", "k", "v", "o", "wi_0", "wi_1", "wo")  # not the relative-position embedding
+    projections = [k.removesuffix(".weight") for k in sd if k.removesuffix(".weight").endswith(linear)]
+    path = tmp_path / "t5xxl_fp8_e4m3fn_scaled.safetensors"
+    expected = write_quantised(sd, path, "float8_e4m3fn", form, layers=projections, high=torch.float32)
+    loaded = load_t5(path)
+    layers = dict(linears(loaded.model))
+    for key in expected:
+        layer = layers[key.removesuffix(".weight")]
+        kept = not key.endswith("DenseReluDense.wo.weight")
+        assert (layer.weight.dtype == torch.float8_e4m3fn) == kept, key
+        assert torch.equal(layer.compute_weight(torch.float32, CPU), expected[key]), key
+    reference = make_parity_t5(seed=9)
+    reference.load_state_dict({**sd, **expected, "encoder.embed_tokens.weight": sd["shared.weight"]})
+    ids = torch.randint(0, 32100, (2, 512), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = loaded.model(input_ids=ids).last_hidden_state
+        want = reference(input_ids=ids).last_hidden_state
+    assert (got - want).abs().max().item() < 1e-5
+
+
+GUIDANCE_30 = torch.tensor([30.0])
+
+
+def test_fill_guidance_is_embedded_as_1000_g_formed_in_the_compute_dtype():
+    # diffusers: guidance.to(dtype) * 1000 -> 30 becomes 29952 in bfloat16 (BFL's guidance_vec likewise)
+    from flux2_core.layers import timestep_embedding
+
+    config = Flux1Config(256, 2, depth=1, depth_single_blocks=1, context_in_dim=32, vec_in_dim=16)
+    net = Flux1Transformer(config).to(torch.bfloat16).eval()
+    seen = []
+    net.guidance_in.in_layer.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    x, ctx = torch.zeros(1, 4, 384, dtype=torch.bfloat16), torch.zeros(1, 3, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        net(
+            x,
+            image_ids(2, 2),
+            torch.tensor([0.5]),
+            ctx,
+            text_ids(3),
+            torch.zeros(1, 16),
+            torch.tensor([30.0]),
+        )
+    expected = timestep_embedding(torch.tensor([29952.0]), factor=1.0).to(torch.bfloat16)
+    assert torch.equal(seen[0], expected)

@@ -6,8 +6,8 @@ layouts users have (diffusers names and folders, BFL names bare and under ``mode
 ComfyUI's ``clip_l`` / ``t5xxl`` single files, HF folders) and read back through the product's loaders.
 Whole runs get the same prompts (through the same tokenizer folders on both sides: generated ones with the
 real vocabulary sizes and special ids, and ComfyUI's own when ``COMFYUI_PATH`` is set), the same image and
-mask, and the same noise: the seed convention of spec 7.3, drawn here and handed to diffusers as
-``latents=``. Everything runs in float32 on the CPU; the tiny VAE's posterior is deterministic (spec 10.2).
+mask, and the same noise: ComfyUI's seed convention, drawn here and handed to diffusers as
+``latents=``. Everything runs in float32 on the CPU; the tiny VAE's posterior is deterministic.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from flux2_core.flux1.text import load_clip, load_t5
 from flux2_core.flux1.tokenizers import tokenize
 from flux2_core.flux1.transformer import image_ids, text_ids
 
-TOLERANCE = 1e-4  # max abs difference on the final latents (the issue's bound), float32 on the CPU
-SCALE, SHIFT = 0.3611, 0.1159  # the FLUX.1 VAE's latent normalisation (spec 5)
+TOLERANCE = 1e-4  # max abs difference on the final latents (the bound asked of parity), float32 on the CPU
+SCALE, SHIFT = 0.3611, 0.1159  # the FLUX.1 VAE's latent normalisation (BFL, diffusers)
 PROMPTS = ["A painting of a squirrel eating a burger", "a red fox in the snow, oil on canvas"]
 
 
@@ -67,7 +67,7 @@ def files(refs, tmp_path_factory):
     root = tmp_path_factory.mktemp("flux1")
     t5_sd = {k: v for k, v in refs["t5"].state_dict().items() if k != "encoder.embed_tokens.weight"}
     clip_sd = refs["clip"].state_dict()
-    assert not any(k.startswith("text_model.") for k in clip_sd)  # transformers 5: flat names (spec 4.2)
+    assert not any(k.startswith("text_model.") for k in clip_sd)  # transformers 5: flat names
     clip_dir, t5_dir = write_tokenizer_folders(root / "comfy")
     return {
         "dit": save_tensors(refs["dit"].state_dict(), root / "transformer" / "flux1-fill-dev.safetensors"),
@@ -94,7 +94,7 @@ def pipe(refs, files):
         scheduler=fill_scheduler(),
         vae=refs["vae"],
         text_encoder=refs["clip"],
-        # the folder says 8192 (as ComfyUI's); the pipeline pads CLIP to it unless overridden (spec 10.3)
+        # the folder says 8192 (as ComfyUI's); the pipeline pads CLIP to it unless overridden
         tokenizer=CLIPTokenizer.from_pretrained(str(clip_dir), model_max_length=77),
         text_encoder_2=refs["t5"],
         tokenizer_2=T5TokenizerFast.from_pretrained(str(t5_dir)),
@@ -146,10 +146,10 @@ def test_dit_forward_matches_diffusers(refs, ours, files, tmp_path, layout):
         dit.save_pretrained(tmp_path / "repo" / "transformer", max_shard_size="1MB")
         model = load_fill_transformer(tmp_path / "repo")
     else:
-        # written from our loaded model's state dict: its names and values must be BFL's (spec table 3.1)
+        # written from our loaded model's state dict: its names and values must be BFL's (BFL's key table)
         sd = ours["dit"].transformer.state_dict()
         reference = bfl_fill_state_dict(dit)
-        assert len(sd) == 20 + 24 * 2 + 8 * 2  # spec 3.1: top level + per double block + per single block
+        assert len(sd) == 20 + 24 * 2 + 8 * 2  # BFL: top level + per double block + per single block
         assert set(sd) == set(reference)
         assert all(torch.equal(sd[k], reference[k]) for k in reference)
         prefix = "model.diffusion_model." if layout == "BFL prefixed" else ""
@@ -241,7 +241,7 @@ def test_vae_encode_and_decode_match_diffusers(refs, ours, tmp_path, layout):
         model = load_flux1_vae(tmp_path / "repo")
     else:
         sd = ours["vae"].state_dict()
-        assert len(sd) == 244  # the real ae.safetensors' tensor count (spec 3.3): same structure
+        assert len(sd) == 244  # the real ae.safetensors' tensor count: same structure
         # diffusers' own LDM/BFL -> diffusers converter takes our names strictly: they are BFL's
         fresh = AutoencoderKL(**PARITY_VAE)
         fresh.load_state_dict(convert_ldm_vae_checkpoint(sd, fresh.config), strict=True)
@@ -255,7 +255,7 @@ def test_vae_encode_and_decode_match_diffusers(refs, ours, tmp_path, layout):
         got = model.encode(pixels)
         want_pixels = vae.decode(latent).sample
         got_pixels = model.decode(latent)
-    assert got.shape == (2, 16, 8, 12)  # the raw posterior mean: ComfyUI's FLUX.1 LATENT (spec 5)
+    assert got.shape == (2, 16, 8, 12)  # the raw posterior mean: ComfyUI's FLUX.1 LATENT
     # measured 2.5e-6 / 8.7e-6 with one thread (0.0 with two): summation order only
     assert (got - mean).abs().max().item() < 5e-5
     assert (got_pixels - want_pixels).abs().max().item() < 5e-5

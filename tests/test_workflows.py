@@ -436,7 +436,7 @@ EXPECTED = {
     "flux2_klein_4b_img2img": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_inpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_outpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
-    # FLUX.2 [dev]: 50 steps, guidance 4 embedded, no negative (dev spec section 1)
+    # FLUX.2 [dev]: 50 steps, guidance 4 embedded, no negative (BFL's and diffusers' defaults)
     "flux2_dev_text_to_image": ("flux2-dev", "mistral_3_small_flux2_bf16", "dev", 50, 4.0, 1024, 0, False),
     "flux2_dev_multi_reference_edit": (
         "flux2-dev",

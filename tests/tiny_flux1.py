@@ -225,11 +225,11 @@ def write_tokenizer_folders(root: Path) -> tuple[Path, Path]:
 
 # ---- diffusers / transformers references (parity tests) ----------------------------------------------------
 #
-# The libraries' own classes with seeded random weights, in the spec's tiny configurations (10.2): the real
+# The libraries' own classes with seeded random weights, in small configurations: the real
 # head size (128), RoPE axes (16, 56, 56) and 384-channel input; the FLUX.1 VAE's structure (4 levels of 2
 # blocks, 16 latent channels, no quant convs, factor 8) at a quarter of its width. The text encoders differ
 # from ``TINY_T5`` / ``TINY_CLIP`` where a shape-reading loader could guess: T5 d_kv * heads (64) is not
-# d_model (32), CLIP has 2 heads of 64. The BFL DiT layout is made from the spec's key table (3.1), not by
+# d_model (32), CLIP has 2 heads of 64. The BFL DiT layout is made from BFL's key table, not by
 # the product's loader.
 
 PARITY_T5 = {**TINY_T5, "d_kv": 16, "d_ff": 40}
@@ -299,7 +299,7 @@ def make_diffusers_fill_dit(seed: int = 0, **overrides):
 def make_diffusers_flux1_vae(seed: int = 0):
     """diffusers' ``AutoencoderKL`` with a deterministic posterior: the log-variance half of
     ``encoder.conv_out`` sits at diffusers' clamp (-30), so its sampled latent (std 3e-7) is the mean that
-    BFL and ComfyUI use (spec 10.2)."""
+    BFL and ComfyUI use."""
     from diffusers import AutoencoderKL
 
     model = AutoencoderKL(**PARITY_VAE).eval()

@@ -1,6 +1,6 @@
 """Tiny random Mistral3 text encoders in real file layouts, reference Tekken tokenizers (test helper).
 
-The model is transformers' own ``Mistral3ForConditionalGeneration`` (dev spec §6: a Pixtral vision tower of
+The model is transformers' own ``Mistral3ForConditionalGeneration`` (a Pixtral vision tower of
 one layer, a projector and ``lm_head`` beside the language model) with 32 decoder layers, so hidden states
 10/20/30 exist and two layers plus the final norm lie beyond the last tap, as in the real 40-layer model. The
 vocabulary is the real 131072 rows, so every Tekken id has an embedding.
@@ -8,7 +8,7 @@ vocabulary is the real 131072 rows, so every Tekken id has an embedding.
 The reference tokenizer is transformers' own Tekken conversion (``convert_tekken_tokenizer``: a Rust
 ``tokenizers`` BPE over merges it derives, its own regex engine and added-token splitting) of a v7-style
 ``tekken.json`` written here: mistral-common's vocabulary plus the explicit 1000-entry control-token list of
-dev spec §3.3, written out from the spec rather than taken from the product.
+Mistral's published control tokens, written out here rather than taken from the product.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import Mistral3Config, Mistral3ForConditionalGeneration
 
-# Text model of dev spec §6 (hidden 16, 4 heads of 4, 2 KV heads, theta 1e9), with 32 layers (see above).
+# A tiny text model (hidden 16, 4 heads of 4, 2 KV heads, theta 1e9), with 32 layers (see above).
 TINY_TEXT = dict(
     model_type="mistral",
     vocab_size=131072,
@@ -54,7 +54,7 @@ TINY_VISION = dict(
     patch_size=6,
 )
 
-# dev spec §3.3: control ids 0-19 by name, 20-999 reserved.
+# Tekken's control ids 0-19 by name, 20-999 reserved.
 CONTROL_TOKENS = (
     "<unk> <s> </s> [INST] [/INST] [AVAILABLE_TOOLS] [/AVAILABLE_TOOLS] [TOOL_RESULTS] [/TOOL_RESULTS] "
     "[TOOL_CALLS] [IMG] <pad> [IMG_BREAK] [IMG_END] [PREFIX] [MIDDLE] [SUFFIX] [SYSTEM_PROMPT] "
@@ -151,7 +151,7 @@ def write_hf_folder(model, folder: Path, new_layout: bool = False) -> Path:
 
 @functools.lru_cache(maxsize=1)
 def v7_tekken_json() -> bytes:
-    """mistral-common's vocabulary as a v7 tekken.json with an explicit control-token list (spec §3.3)."""
+    """mistral-common's vocabulary as a v7 tekken.json with an explicit control-token list."""
     source = json.loads(MISTRAL_COMMON_TEKKEN.read_bytes())
     specials = [{"rank": i, "token_str": t, "is_control": True} for i, t in enumerate(CONTROL_TOKENS)]
     config = {**source["config"], "version": "v7"}

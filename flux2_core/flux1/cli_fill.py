@@ -28,13 +28,17 @@ log = logging.getLogger("flux2_core")
 
 
 def is_flux1_model(path: str) -> bool:
-    """Whether ``path`` (a local file or folder) holds a FLUX.1 DiT, from its key names alone."""
+    """Whether ``path`` holds a FLUX.1 DiT: from its key names alone for a local file or folder, from the
+    repository's name (``black-forest-labs/FLUX.1-Fill-dev``) for a Hub id."""
     from ..checkpoint import open_checkpoint
     from ..keymaps import DIT_PREFIXES, strip_prefix
 
     local = Path(path).expanduser()
-    if not local.exists():
-        return False  # a Hub id: the FLUX.2 models the newcomer's path downloads
+    if not local.exists():  # a Hub id: told by the repository's name, before anything is downloaded
+        from ..hub import parse
+
+        ref = parse(path)
+        return ref is not None and "flux.1" in ref.repo_id.lower()
     return is_flux1_dit(strip_prefix(open_checkpoint(local, "transformer").tensors, DIT_PREFIXES))
 
 

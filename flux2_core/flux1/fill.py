@@ -1,4 +1,4 @@
-"""The Fill conditioning: what FLUX.1 Fill [dev] reads next to the noisy latent, per token (spec section 6).
+"""The Fill conditioning: what FLUX.1 Fill [dev] reads next to the noisy latent, per token.
 
     channels   0 -  63   the noisy latent (the sampler's state)
     channels  64 - 127   the masked image's latent: image * (1 - mask) in [-1, 1], VAE mean, scaled, shifted

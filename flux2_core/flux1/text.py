@@ -159,6 +159,7 @@ T5_SPEC = ComponentSpec(
     identify=_identify_t5,
     rename=_t5_rename,
     wanted=lambda key: not key.startswith(("decoder.", "lm_head.")),
+    dequantized=lambda name: name.endswith(".DenseReluDense.wo"),  # T5 casts its activations to wo's dtype
 )
 
 # ---- CLIP ----------------------------------------------------------------------------------------------
