@@ -400,3 +400,28 @@ def test_fill_guidance_is_embedded_as_1000_g_formed_in_the_compute_dtype():
         )
     expected = timestep_embedding(torch.tensor([29952.0]), factor=1.0).to(torch.bfloat16)
     assert torch.equal(seen[0], expected)
+
+
+def test_a_diffusers_repository_finds_its_own_tokenizers(tmp_path):
+    # FLUX.1-Fill-dev's layout: text_encoder/ (CLIP) + tokenizer/, text_encoder_2/ (T5) + tokenizer_2/
+    from tiny_flux1 import write_clip_file, write_clip_tokenizer, write_t5_file, write_t5_tokenizer
+
+    from flux2_core.flux1 import load_fill_text_encoder
+
+    repo = tmp_path / "FLUX.1-Fill-dev"
+    t5, clip = make_parity_t5(seed=3), make_parity_clip(seed=4)
+    write_t5_file(t5, repo / "text_encoder_2" / "model.safetensors")
+    write_clip_file(clip, repo / "text_encoder" / "model.safetensors")
+    write_clip_tokenizer(repo / "tokenizer")
+    write_t5_tokenizer(repo / "tokenizer_2")
+    encoder = load_fill_text_encoder(repo / "text_encoder_2", repo / "text_encoder")
+    assert len(encoder.t5_tokenizer) >= 32100 and len(encoder.clip_tokenizer) == 49408
+    conditioning = encoder.encode(["a bench"])
+    assert conditioning.t5.shape == (1, 512, 32) and conditioning.pooled.shape == (1, 128)
+    loose = tmp_path / "text_encoders"  # ComfyUI's folder: single files, no tokenizer beside them
+    t5_file, clip_file = (
+        write_t5_file(t5, loose / "t5xxl_fp16.safetensors"),
+        write_clip_file(clip, loose / "clip_l.safetensors"),
+    )
+    with pytest.raises(Flux2Error, match="no T5 and no CLIP tokenizer"):
+        load_fill_text_encoder(t5_file, clip_file)
