@@ -56,8 +56,9 @@ class ParallelRanks(Ranks):
         self.dist = init_distributed(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.is_main = self.dist.is_main
         self.device = self.dist.device
-        if not self.is_main:  # one log and one progress bar: the main rank's
+        if not self.is_main:  # one log and one progress bar: the main rank's; the others' problems say whose
             log.setLevel(logging.WARNING)
+            log.addFilter(_RankPrefix(self.dist.rank))
 
     def share_text(self, conditioning):
         from .parallel import broadcast_conditioning
@@ -85,6 +86,16 @@ class ParallelRanks(Ranks):
         from .parallel import close_distributed
 
         close_distributed()
+
+
+class _RankPrefix(logging.Filter):
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = f"rank {self.rank}: {record.msg}"
+        return True
 
 
 def ranks_for(args: argparse.Namespace, fill: bool) -> Ranks:
