@@ -169,7 +169,7 @@ def main() -> None:
 def bfl(args) -> dict:
     from tiny_dit import bfl_state_dict
 
-    return bfl_state_dict(klein_shaped_dit(args.heads, args.depth))
+    return bfl_state_dict(klein_shaped_dit(args.heads, args.depth, args.single))
 
 
 def argparse_suppress():

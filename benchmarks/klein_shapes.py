@@ -20,16 +20,19 @@ def parser(description: str, size_help: str) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--size", type=int, default=512, help=size_help)
     p.add_argument("--heads", type=int, default=8, help="hidden size = heads x 128")
-    p.add_argument("--depth", type=int, default=2, help="double blocks (single blocks: 4x)")
+    p.add_argument("--depth", type=int, default=2, help="double blocks")
+    p.add_argument("--single", type=int, default=None, help="single blocks (default: 4x the double blocks)")
     return p
 
 
-def klein_shaped_dit(heads: int, depth: int):
-    """A diffusers FLUX.2 DiT with klein's head size (128) and RoPE axes, of reduced width and depth."""
+def klein_shaped_dit(heads: int, depth: int, single: int | None = None, guidance: bool = False):
+    """A diffusers FLUX.2 DiT with klein's head size (128) and RoPE axes, of reduced width and depth; with
+    ``guidance`` the guidance embedder of FLUX.2 [dev] (48 heads, 8 + 48 blocks: the real dev shape)."""
     return make_diffusers_dit(
         seed=0,
+        guidance_embeds=guidance,
         num_layers=depth,
-        num_single_layers=4 * depth,
+        num_single_layers=4 * depth if single is None else single,
         attention_head_dim=128,
         num_attention_heads=heads,
         joint_attention_dim=3 * heads * 128,

@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     hidden = args.heads * 128
-    dit = klein_shapes.klein_shaped_dit(args.heads, args.depth)
+    dit = klein_shapes.klein_shaped_dit(args.heads, args.depth, args.single)
     with tempfile.TemporaryDirectory() as tmp:
         model = load_transformer(
             write_bfl_file(dit, Path(tmp) / "bench.safetensors"), variant="kv", dtype=dtype, device=device

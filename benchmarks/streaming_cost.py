@@ -34,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     hidden, grid = args.heads * 128, args.size // 16
-    dit = klein_shapes.klein_shaped_dit(args.heads, args.depth)
+    dit = klein_shapes.klein_shaped_dit(args.heads, args.depth, args.single)
     with tempfile.TemporaryDirectory() as tmp:
         net = load_transformer(
             write_bfl_file(dit, Path(tmp) / "bench.safetensors"), variant="distilled", dtype=dtype
