@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from .errors import Flux2Error
 from .ops import adopt_linears
 
 
@@ -47,3 +48,25 @@ def layers_wanted(layers_run: int) -> Callable[[str], bool]:
         return key == "embed_tokens.weight" or bool((m := LAYER_KEY.match(key)) and int(m[1]) < layers_run)
 
     return wanted
+
+
+def attention_sizes(shapes: dict, head_dim: int, what: str, mismatch: str = "") -> tuple[int, int, int]:
+    """(query heads, key/value heads, MLP width) of a decoder from its first layer's shapes; ``mismatch``
+    ends the message when the projections are not whole heads of ``head_dim``."""
+    attn = "layers.0.self_attn."
+    try:
+        q_rows, k_rows = shapes[attn + "q_proj.weight"][0], shapes[attn + "k_proj.weight"][0]
+        intermediate_size = shapes["layers.0.mlp.gate_proj.weight"][0]
+    except KeyError as e:
+        raise Flux2Error(f"{what} lacks {e.args[0]}: the file is incomplete, download it again") from None
+    if q_rows % head_dim or k_rows % head_dim:
+        raise Flux2Error(
+            f"{what}: q/k projections ({q_rows}, {k_rows} rows) are not whole heads of {head_dim}{mismatch}"
+        )
+    return q_rows // head_dim, k_rows // head_dim, intermediate_size
+
+
+def rope_theta(config: dict, default: float) -> float:
+    """``rope_theta`` of a config.json (transformers 5 nests it in ``rope_parameters``)."""
+    rope = config.get("rope_parameters") or {}
+    return float(config.get("rope_theta") or rope.get("rope_theta") or default)

@@ -31,7 +31,7 @@ from .checkpoint import Checkpoint, tensor_shape
 from .configs import FLUX2, preset_name
 from .errors import Flux2Error
 from .keymaps import MISTRAL, MISTRAL_PREFIXES, strip_prefix
-from .llm import LAYER_KEY, build_decoder, layers_wanted
+from .llm import LAYER_KEY, attention_sizes, build_decoder, layers_wanted, rope_theta
 from .loading import ComponentSpec, block_count
 from .tekken import (
     MISTRAL_TEMPLATE,
@@ -164,30 +164,22 @@ def mistral_shape(shapes: dict[str, tuple[int, ...]], config: dict | None, what:
             "ComfyUI's 30-layer file"
         )
     text = _text_config(config)
-    rope = text.get("rope_parameters") or {}  # transformers 5 nests rope_theta here
     head_dim = int(text.get("head_dim") or DEFAULT_HEAD_DIM)
-    attn = "layers.0.self_attn."
-    try:
-        q_rows, k_rows = shapes[attn + "q_proj.weight"][0], shapes[attn + "k_proj.weight"][0]
-        intermediate_size = shapes["layers.0.mlp.gate_proj.weight"][0]
-    except KeyError as e:
-        raise Flux2Error(f"{what} lacks {e.args[0]}: the file is incomplete, download it again") from None
-    if q_rows % head_dim or k_rows % head_dim:
-        source = "config.json" if text.get("head_dim") else "Mistral Small's, as there is no config.json"
-        raise Flux2Error(
-            f"{what}: q/k projections ({q_rows}, {k_rows} rows) are not whole heads of {head_dim} "
-            f"({source}): the file is not Mistral Small; for another Mistral, load its HF folder with its "
-            "config.json"
-        )
+    source = "config.json" if text.get("head_dim") else "Mistral Small's, as there is no config.json"
+    mismatch = (
+        f" ({source}): the file is not Mistral Small; for another Mistral, load its HF folder with its "
+    )
+    mismatch += "config.json"
+    num_heads, num_kv_heads, intermediate_size = attention_sizes(shapes, head_dim, what, mismatch)
     return MistralShape(
         hidden_size=hidden_size,
         num_layers=num_layers,
-        num_heads=q_rows // head_dim,
-        num_kv_heads=k_rows // head_dim,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         intermediate_size=intermediate_size,
         vocab_size=vocab_size,
-        rope_theta=float(text.get("rope_theta") or rope.get("rope_theta") or 1_000_000_000.0),
+        rope_theta=rope_theta(text, 1_000_000_000.0),
         rms_norm_eps=float(text.get("rms_norm_eps") or 1e-5),
     )
 

@@ -117,11 +117,6 @@ def remove_placement(net: nn.Module) -> None:
         delattr(net, HOOKS)
 
 
-def placement_of(net: nn.Module) -> bool:
-    """Whether ``net``'s blocks are split across devices by ``place_blocks``."""
-    return bool(getattr(net, HOOKS, None))
-
-
 def _to_own_device(module: nn.Module, args: tuple, kwargs: dict):
     device = _device_of(module)
     if device is None:

@@ -26,7 +26,7 @@ from .configs import FLUX2, preset_name
 from .errors import Flux2Error
 from .hooks import before_each, calling
 from .keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
-from .llm import LAYER_KEY, build_decoder, layers_wanted
+from .llm import LAYER_KEY, attention_sizes, build_decoder, layers_wanted, rope_theta
 from .loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint, read_config
 from .lora import TE, patched
 from .mistral import MISTRAL_SPEC, MistralShape, builtin_tekken, describe_mistral, is_mistral, mistral_prompt
@@ -314,28 +314,18 @@ def qwen3_shape(shapes: dict[str, tuple[int, ...]], config: dict | None, what: s
             f"{what} has only {num_layers} decoder layers; FLUX.2 [klein] reads hidden states after layer "
             f"{NUM_LAYERS_RUN}: use the complete Qwen3-4B / Qwen3-8B text encoder (36 layers)"
         )
-    attn = "layers.0.self_attn."
-    head_dim = shapes[attn + "q_norm.weight"][0]
-    try:
-        q_rows, k_rows = shapes[attn + "q_proj.weight"][0], shapes[attn + "k_proj.weight"][0]
-        intermediate_size = shapes["layers.0.mlp.gate_proj.weight"][0]
-    except KeyError as e:
-        raise Flux2Error(f"{what} lacks {e.args[0]}: the file is incomplete, download it again") from None
-    if q_rows % head_dim or k_rows % head_dim:
-        raise Flux2Error(
-            f"{what}: q/k projections ({q_rows}, {k_rows} rows) are not whole heads of {head_dim}"
-        )
+    head_dim = shapes["layers.0.self_attn.q_norm.weight"][0]
+    num_heads, num_kv_heads, intermediate_size = attention_sizes(shapes, head_dim, what)
     config = config or {}
-    rope = config.get("rope_parameters") or {}  # transformers 5 nests rope_theta here
     return Qwen3Shape(
         hidden_size=hidden_size,
         num_layers=num_layers,
-        num_heads=q_rows // head_dim,
-        num_kv_heads=k_rows // head_dim,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         intermediate_size=intermediate_size,
         vocab_size=vocab_size,
-        rope_theta=float(config.get("rope_theta") or rope.get("rope_theta") or 1_000_000.0),
+        rope_theta=rope_theta(config, 1_000_000.0),
         rms_norm_eps=float(config.get("rms_norm_eps") or 1e-6),
     )
 

@@ -20,7 +20,7 @@ from .. import cli_inputs as inputs
 from ..errors import Flux2Error
 from ..loading import weight_bytes
 from .config import DEFAULT_GUIDANCE, DEFAULT_STEPS
-from .dit_files import FILL_SPEC, is_flux1_dit
+from .dit_files import FILL_SPEC, is_flux1_dit, load_fill_transformer
 from .text import CLIP_FILE, CLIP_SPEC, T5_FILE, T5_SPEC, text_encoder_kind
 from .vae import FILE_HINT, FLUX1_VAE_SPEC
 
@@ -86,6 +86,7 @@ def fill_text_encoders(values: list[str] | None) -> tuple[str, str]:
 def generate_fill(args, edit, device: torch.device, dtype: torch.dtype, output: Path, tiles: dict, composite):
     """Run Fill for every ``--prompt`` on the prepared ``edit`` (``cli.Edit``); returns the written files."""
     from ..limits import MAX_FILL_GUIDANCE, check_request
+    from ..transformer import compile_blocks
     from .encoders import load_fill_text_encoder
     from .fill import fill_inputs
     from .sampling import FillSettings, fill_activation_bytes, sample_fill
@@ -128,13 +129,9 @@ def generate_fill(args, edit, device: torch.device, dtype: torch.dtype, output: 
     vae = load_flux1_vae(args.vae, torch.float32, device)
     pixels = edit.pixels.permute(2, 0, 1)[None].float() * 2 - 1
     fill = fill_inputs(vae, pixels, edit.mask, with_source=edit.strength < 1.0, **tiles)
-    from .dit_files import load_fill_transformer
-
     model: Flux1FillModel = load_fill_transformer(args.model, dtype, "cpu", keep)
     model.transformer.to(device)
     if args.compile:
-        from ..transformer import compile_blocks
-
         compile_blocks(model.transformer)
     settings = FillSettings(args.seed, steps, guidance, args.batch_size, edit.strength)
     results = []

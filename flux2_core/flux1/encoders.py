@@ -84,17 +84,18 @@ def load_fill_text_encoder(
 ) -> FillTextEncoder:
     """Load T5-XXL and CLIP-L. ``tokenizers``: folders (any order), else the diffusers folders beside the
     weights; a clear error says where to get them otherwise (before any weight is read)."""
+    t5_file, clip_file = (
+        open_checkpoint(t5_path, "text_encoder_2"),
+        open_checkpoint(clip_path, "text_encoder"),
+    )
     folders = list(tokenizers or [])
     if not folders:
-        beside_weights = (
-            beside(open_checkpoint(t5_path, "text_encoder_2").folder, "text_encoder_2"),
-            beside(open_checkpoint(clip_path, "text_encoder").folder, "text_encoder"),
-        )
+        beside_weights = (beside(t5_file.folder, "text_encoder_2"), beside(clip_file.folder, "text_encoder"))
         folders = [f for f in beside_weights if f is not None]
     found = load_fill_tokenizers(folders)
     missing = [kind.upper() for kind in ("t5", "clip") if kind not in found]
     if missing:
         raise Flux2Error(f"no {' and no '.join(missing)} tokenizer for {T5_FILE} / {CLIP_FILE}: {WHERE}")
-    t5 = load_t5(t5_path, dtype, device, keep_quantized)
-    clip = load_clip(clip_path, dtype, device, keep_quantized)
+    t5 = load_t5(t5_file, dtype, device, keep_quantized)
+    clip = load_clip(clip_file, dtype, device, keep_quantized)
     return FillTextEncoder(t5, clip, found)

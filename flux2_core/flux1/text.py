@@ -260,20 +260,27 @@ class LoadedEncoder:
 
 
 def load_t5(path, dtype=torch.float32, device="cpu", keep_quantized: bool = True) -> LoadedEncoder:
-    checkpoint = open_checkpoint(path, T5_SPEC.component)
-    loaded = load_checkpoint(T5_SPEC, checkpoint, dtype, keep_quantized=keep_quantized)
-    return LoadedEncoder(loaded.module.to(device), loaded.config, checkpoint, loaded.description)
+    """T5 from a file or folder (or an already opened ``Checkpoint``)."""
+    encoder = _load(T5_SPEC, path, dtype, keep_quantized)
+    encoder.model.to(device)
+    return encoder
 
 
 def load_clip(path, dtype=torch.float32, device="cpu", keep_quantized: bool = True) -> LoadedEncoder:
-    checkpoint = open_checkpoint(path, CLIP_SPEC.component)
-    loaded = load_checkpoint(CLIP_SPEC, checkpoint, dtype, keep_quantized=keep_quantized)
-    model = loaded.module
+    """CLIP from a file or folder (or an already opened ``Checkpoint``)."""
+    encoder = _load(CLIP_SPEC, path, dtype, keep_quantized)
     # position_ids is a buffer in no file (the meta build left it empty): 0 .. positions - 1, as transformers
-    model.embeddings.register_buffer(
-        "position_ids", torch.arange(loaded.config.positions)[None], persistent=False
+    encoder.model.embeddings.register_buffer(
+        "position_ids", torch.arange(encoder.shape.positions)[None], persistent=False
     )
-    return LoadedEncoder(model.to(device), loaded.config, checkpoint, loaded.description)
+    encoder.model.to(device)
+    return encoder
+
+
+def _load(spec: ComponentSpec, path, dtype, keep_quantized: bool) -> LoadedEncoder:
+    checkpoint = path if isinstance(path, Checkpoint) else open_checkpoint(path, spec.component)
+    loaded = load_checkpoint(spec, checkpoint, dtype, keep_quantized=keep_quantized)
+    return LoadedEncoder(loaded.module, loaded.config, checkpoint, loaded.description)
 
 
 def text_encoder_kind(path: str | Path) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import rope
 from ..errors import Flux2Error
 from ..layers import (
     DoubleStreamBlock,
@@ -107,8 +108,9 @@ class Flux1FillModel:
 
 
 def image_ids(height: int, width: int) -> torch.Tensor:
-    """[height * width, 3]: (0, row, col) for a grid of ``height x width`` tokens, row-major."""
-    return torch.cartesian_prod(torch.tensor([0]), torch.arange(height), torch.arange(width)).to(torch.int64)
+    """[height * width, 3]: (0, row, col) for a grid of ``height x width`` tokens, row-major (FLUX.2's ids
+    without their fourth axis)."""
+    return rope.image_ids(height, width)[:, :3]
 
 
 def text_ids(length: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ from ..configs import preset_name
 from ..errors import Flux2Error
 from ..keymaps import VAE, VAE_PREFIXES
 from ..latent_format import RawMean
-from ..loading import ComponentSpec, load_checkpoint, load_component
+from ..loading import ComponentSpec, load_component
 from ..vae import AutoEncoder, VAEConfig, blocks_config, vae_rename
 from .config import NOISE_CHANNELS
 
@@ -50,11 +50,6 @@ def load_flux1_vae(
 ) -> Flux1AutoEncoder:
     """Load ``ae.safetensors`` (BFL / ComfyUI names) or a diffusers ``vae/`` folder or file."""
     return load_component(FLUX1_VAE_SPEC, path, dtype, device).module
-
-
-def flux1_vae_from_state_dict(state_dict: dict, name: str = "the VAE file") -> Flux1AutoEncoder:
-    """Build from in-memory tensors (any accepted layout), keeping their dtype."""
-    return load_checkpoint(FLUX1_VAE_SPEC, Checkpoint(Path(name), state_dict), None).module
 
 
 def flux1_vae_config(shapes: dict[str, tuple[int, ...]], name: str) -> VAEConfig:
