@@ -21,10 +21,10 @@ from pathlib import Path
 import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
 import torch
 
-from flux2_core.checkpoint import Checkpoint  # noqa: E402
-from flux2_core.dit_files import DIT_SPEC  # noqa: E402
-from flux2_core.loading import load_checkpoint  # noqa: E402
-from flux2_core.rope import image_ids, reference_ids, text_ids  # noqa: E402
+from flux2_core.dit.files import DIT_SPEC  # noqa: E402
+from flux2_core.dit.rope import image_ids, reference_ids, text_ids  # noqa: E402
+from flux2_core.weights.checkpoint import Checkpoint  # noqa: E402
+from flux2_core.weights.loading import load_checkpoint  # noqa: E402
 
 
 def timed(fn, repeats: int, device: torch.device) -> float:

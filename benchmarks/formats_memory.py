@@ -107,7 +107,7 @@ def measure_one(path: str, device: str, dtype: torch.dtype, tokens: int) -> dict
 def real_shapes() -> dict:
     """Bytes held once loaded, per format, for the real klein 4B / 9B shapes (planned, not loaded)."""
     from flux2_core.configs import KLEIN_4B, KLEIN_9B
-    from flux2_core.transformer import Flux2Transformer
+    from flux2_core.dit.transformer import Flux2Transformer
 
     out = {}
     for name, config in (("klein 4B", KLEIN_4B), ("klein 9B", KLEIN_9B)):

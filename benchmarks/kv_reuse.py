@@ -21,7 +21,7 @@ import torch
 from tiny_dit import write_bfl_file  # noqa: E402
 
 from flux2_core import ReferenceLatents, RefKVStore, SampleSettings, encode_reference_kv, sample  # noqa: E402
-from flux2_core.dit_files import load_transformer  # noqa: E402
+from flux2_core.dit.files import load_transformer  # noqa: E402
 
 
 def main() -> None:

@@ -21,9 +21,9 @@ import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
 import torch
 from tiny_dit import write_bfl_file  # noqa: E402
 
-from flux2_core.dit_files import load_transformer  # noqa: E402
-from flux2_core.rope import image_ids, text_ids  # noqa: E402
-from flux2_core.streaming import disable_streaming, enable_streaming  # noqa: E402
+from flux2_core.devices.streaming import disable_streaming, enable_streaming  # noqa: E402
+from flux2_core.dit.files import load_transformer  # noqa: E402
+from flux2_core.dit.rope import image_ids, text_ids  # noqa: E402
 
 
 def main() -> None:

@@ -199,7 +199,7 @@ def bench_text(args, width, device, dtype, timer) -> tuple[dict, object, object]
     from diffusers.pipelines.flux2.pipeline_flux2_klein import Flux2KleinPipeline
     from tiny_text import model_tensors, reference_hf_tokenizer
 
-    from flux2_core.text_encoder import text_encoder_from_state_dict
+    from flux2_core.text.encoder import text_encoder_from_state_dict
 
     hf = sm.build_text_model(width, device, dtype)
     ours = text_encoder_from_state_dict(model_tensors(hf), dtype=dtype, device=device)
@@ -239,7 +239,7 @@ def bench_e2e(args, dit_model, diffusers_dit, text, hf_text, vae_sd, vae_config,
     from tiny_vae import make_diffusers_vae
 
     from flux2_core.sampling import SampleSettings, sample
-    from flux2_core.vae import vae_from_state_dict
+    from flux2_core.vae.autoencoder import vae_from_state_dict
 
     size, steps = args.e2e_size, args.steps
     vae = vae_from_state_dict(vae_sd).to(device)
@@ -492,7 +492,7 @@ def run_shape(args, label: str, config: Flux2Config, device, dtype, peak: float,
     from tiny_dit import bfl_state_dict
     from tiny_vae import TINY_VAE, random_vae_state_dict
 
-    from flux2_core.vae import FLUX2_VAE
+    from flux2_core.vae.autoencoder import FLUX2_VAE
 
     timer = Timer(device)
     print(

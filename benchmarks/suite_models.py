@@ -18,7 +18,7 @@ import klein_shapes  # noqa: F401  (puts the repository and tests/ on the path)
 import torch
 
 from flux2_core.configs import KLEIN_4B, KLEIN_9B, VARIANTS, Flux2Config
-from flux2_core.rope import image_ids, reference_ids, text_ids
+from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 
 REAL_SHAPES = {"klein-4b": KLEIN_4B, "klein-9b": KLEIN_9B}
 # Qwen3-4B / Qwen3-8B (the klein text encoders): hidden, MLP, heads, KV heads (head dim 128)
@@ -225,10 +225,10 @@ class Ours:
     has_kv = True
 
     def __init__(self, bfl: dict, device, dtype):
-        from flux2_core.checkpoint import Checkpoint
-        from flux2_core.dit_files import DIT_SPEC
-        from flux2_core.loading import load_checkpoint
-        from flux2_core.transformer import Flux2Model
+        from flux2_core.dit.files import DIT_SPEC
+        from flux2_core.dit.transformer import Flux2Model
+        from flux2_core.weights.checkpoint import Checkpoint
+        from flux2_core.weights.loading import load_checkpoint
 
         loaded = load_checkpoint(DIT_SPEC, Checkpoint(Path("bench.safetensors"), bfl), dtype, device)
         self.net = loaded.module
@@ -350,7 +350,7 @@ def vae_impls(sd: dict, config, device, with_native: bool) -> dict:
     """name -> (encode(pixels [1, 3, H, W] in -1..1), decode(latent [1, 128, h, w])) for each VAE."""
     from tiny_vae import comfy_layout, make_diffusers_vae
 
-    from flux2_core.vae import vae_from_state_dict
+    from flux2_core.vae.autoencoder import vae_from_state_dict
 
     ours = vae_from_state_dict(sd).to(device)
     theirs = make_diffusers_vae(sd, config).to(device)

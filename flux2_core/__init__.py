@@ -17,7 +17,23 @@ pipeline), ``flow`` (the sampling loop), ``sampling`` (the klein denoiser), ``ho
 """
 
 from .configs import FLUX1, FLUX2, KLEIN_4B, KLEIN_9B, KLEIN_VARIANTS, VARIANTS, Family, Flux2Config, Variant
-from .dit_files import load_transformer
+from .devices.parallel import (
+    Distributed,
+    ParallelInfo,
+    broadcast_conditioning,
+    broadcast_references,
+    broadcast_tensor,
+    close_distributed,
+    init_distributed,
+    parallel_info,
+    parallelize_sequence,
+)
+from .devices.parallel_load import load_transformer_parallel, planned_weight_bytes
+from .devices.placement import BlockPlacement, parse_devices, place_blocks, remove_placement
+from .devices.streaming import disable_streaming, enable_streaming, streamer_of
+from .dit.files import load_transformer
+from .dit.kv_cache import RefKVCache
+from .dit.transformer import Flux2Model, Flux2Transformer, compile_blocks
 from .editing import Stitch, composite, latent_mask, outpaint_canvas, prepare_inpaint
 from .errors import Flux2Error
 from .flow import make_noise
@@ -35,7 +51,6 @@ from .flux1 import (
     load_flux1_vae,
     sample_fill,
 )
-from .kv_cache import RefKVCache
 from .kv_store import RefKVStore
 from .limits import (
     MAX_BATCH,
@@ -48,20 +63,7 @@ from .limits import (
     check_request,
     check_size,
 )
-from .lora import Lora, parse_block_strengths, prepare_lora, read_lora
-from .parallel import (
-    Distributed,
-    ParallelInfo,
-    broadcast_conditioning,
-    broadcast_references,
-    broadcast_tensor,
-    close_distributed,
-    init_distributed,
-    parallel_info,
-    parallelize_sequence,
-)
-from .parallel_load import load_transformer_parallel, planned_weight_bytes
-from .placement import BlockPlacement, parse_devices, place_blocks, remove_placement
+from .lora.prepare import Lora, parse_block_strengths, prepare_lora, read_lora
 from .references import (
     FIT_MODES,
     MAX_REFERENCE_PIXELS,
@@ -80,10 +82,8 @@ from .sampling import (
     sample,
     settings_numbers,
 )
-from .streaming import disable_streaming, enable_streaming, streamer_of
-from .text_encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
-from .transformer import Flux2Model, Flux2Transformer, compile_blocks
-from .vae import AutoEncoder, load_vae
+from .text.encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
+from .vae.autoencoder import AutoEncoder, load_vae
 
 __all__ = [
     "FIT_MODES",

@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from .kv_cache import RefKVCache
+from .dit.kv_cache import RefKVCache
+from .dit.transformer import Flux2Model
 from .limits import available_memory
 from .references import ReferenceLatents
-from .transformer import Flux2Model
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import torch
 from PIL import Image
 
 from .configs import FLUX2
+from .dit.rope import reference_ids
 from .errors import Flux2Error
-from .rope import reference_ids
 
 MAX_REFERENCE_PIXELS = 1024 * 1024
 MIN_SIDE = 64

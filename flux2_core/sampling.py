@@ -17,17 +17,17 @@ from dataclasses import dataclass
 import torch
 
 from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
+from .devices.streaming import streamer_of
+from .dit.kv_cache import RefKVCache
+from .dit.rope import image_ids, text_ids
+from .dit.transformer import Flux2Model
 from .editing import inpaint_blend
 from .errors import Flux2Error
 from .flow import StepCallback, euler, make_noise, pack, shifted_sigmas, start_from, truncate, unpack
 from .hooks import before_each, calling
-from .kv_cache import RefKVCache
 from .limits import check_request
-from .lora import DIT, patched
+from .lora.prepare import DIT, patched
 from .references import ReferenceLatents
-from .rope import image_ids, text_ids
-from .streaming import streamer_of
-from .transformer import Flux2Model
 
 log = logging.getLogger(__name__)
 

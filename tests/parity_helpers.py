@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from flux2_core.vae import AutoEncoder, denormalize, unpatchify
+from flux2_core.vae.autoencoder import AutoEncoder, denormalize, unpatchify
 
 
 def random_image(width: int, height: int, seed: int) -> Image.Image:

@@ -18,14 +18,14 @@ from tiny_text import make_tiny_qwen3, model_tensors, write_comfy_file
 from tiny_vae import random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core import cli_inputs
-from flux2_core.cli import main
-from flux2_core.dit_files import load_transformer
+from flux2_core.cli import inputs as cli_inputs
+from flux2_core.cli.main import main
+from flux2_core.dit.files import load_transformer
 from flux2_core.errors import Flux2Error
 from flux2_core.limits import check_fits, check_request
 from flux2_core.sampling import SampleSettings, sample
-from flux2_core.text_encoder import load_text_encoder, text_encoder_from_state_dict
-from flux2_core.vae import load_vae
+from flux2_core.text.encoder import load_text_encoder, text_encoder_from_state_dict
+from flux2_core.vae.autoencoder import load_vae
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,8 +66,8 @@ def _argv(files, out, *extra, model="model"):
 PEAK_SCRIPT = """
 import resource, sys, torch
 sys.path.insert(0, {root!r})
-from flux2_core.vae import AutoEncoder
-from flux2_core.vae_blocks import VAEConfig
+from flux2_core.vae.autoencoder import AutoEncoder
+from flux2_core.vae.blocks import VAEConfig
 torch.manual_seed(0)
 config = VAEConfig(ch=32, ch_mult=(1, 1, 1, 1), num_res_blocks=1, decoder_ch=32, decoder_ch_mult=(1, 1, 1, 1))
 vae = AutoEncoder(config).eval()
@@ -168,7 +168,7 @@ def test_a_request_that_cannot_fit_is_refused_with_the_numbers():
 
 def test_the_cli_refuses_an_impossible_request_before_loading_anything(files, tmp_path, caplog, monkeypatch):
     loaded = []
-    monkeypatch.setattr("flux2_core.dit_files.load_component", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr("flux2_core.dit.files.load_component", lambda *a, **k: loaded.append(a))
     argv = _argv(files, tmp_path / "out.png", "--width", "8192", "--height", "8192", "--batch-size", "64")
     assert main(argv) == 2
     assert (
@@ -403,7 +403,7 @@ def test_a_pixel_cap_that_would_shrink_a_reference_under_64_px_is_named():
 
 def test_editing_arguments_are_checked_before_anything_is_loaded(files, tmp_path, caplog, monkeypatch):
     loaded = []
-    monkeypatch.setattr("flux2_core.dit_files.load_component", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr("flux2_core.dit.files.load_component", lambda *a, **k: loaded.append(a))
     image = _png(tmp_path / "img.png", np.zeros((64, 96, 3), dtype=np.uint8))
     for extra, message in [
         (["--image", str(image), "--strength", "1.5"], "strength (denoise) is 1.5"),

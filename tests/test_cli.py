@@ -13,7 +13,7 @@ from tiny_text import make_tiny_qwen3, reference_hf_tokenizer, write_comfy_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core.cli import main
+from flux2_core.cli.main import main
 
 PROMPT = "a red fox in the snow, watercolour"
 

@@ -20,7 +20,7 @@ from tiny_vae import random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
 from flux2_core import SampleSettings, load_text_encoder, load_transformer, load_vae, sample
-from flux2_core.cli import main
+from flux2_core.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "a red fox in the snow"
@@ -133,7 +133,7 @@ def test_a_flux2_run_takes_one_existing_tokenizer_folder(files, tmp_path, caplog
 
 
 def test_a_fill_hub_id_is_told_by_its_name_before_any_download():
-    from flux2_core.flux1.cli_fill import is_flux1_model
+    from flux2_core.cli.fill import is_flux1_model
 
     assert is_flux1_model("black-forest-labs/FLUX.1-Fill-dev")
     assert not is_flux1_model("black-forest-labs/FLUX.2-dev")

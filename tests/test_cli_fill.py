@@ -24,7 +24,7 @@ from tiny_text import make_tiny_qwen3, write_comfy_file
 from tiny_vae import random_vae_state_dict
 from tiny_vae import write_bfl_file as write_flux2_vae
 
-from flux2_core.cli import main
+from flux2_core.cli.main import main
 from flux2_core.configs import FLUX1
 from flux2_core.flow import make_noise
 from flux2_core.flux1 import pack_latent

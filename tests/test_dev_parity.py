@@ -25,12 +25,12 @@ from tiny_mistral import (
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core.dit_files import load_transformer
+from flux2_core.dit.files import load_transformer
+from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.references import encode_references
-from flux2_core.rope import image_ids, reference_ids, text_ids
 from flux2_core.sampling import SampleSettings, sample
-from flux2_core.text_encoder import load_text_encoder
-from flux2_core.vae import load_vae
+from flux2_core.text.encoder import load_text_encoder
+from flux2_core.vae.autoencoder import load_vae
 
 TOLERANCE = 1e-4  # max abs difference on the final latents, float32 on the CPU
 CONTEXT = 3 * TINY_TEXT["hidden_size"]  # [h10 | h20 | h30]
@@ -151,7 +151,7 @@ def test_full_run_matches_diffusers(weights, model, encoder, case):
 )
 def test_guidance_is_embedded_as_1000_g_formed_in_the_compute_dtype(weights, guidance, embedded):
     # BFL and diffusers form 1000 * g in the latent dtype: bf16(bf16(g) * 1000), e.g. 2.5 -> 2496
-    from flux2_core.layers import timestep_embedding
+    from flux2_core.dit.layers import timestep_embedding
 
     net = load_transformer(weights["root"], dtype=torch.bfloat16).transformer
     seen = []

@@ -10,7 +10,7 @@ from tiny_dit import make_diffusers_dit, write_bfl_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core.dit_files import load_transformer
+from flux2_core.dit.files import load_transformer
 from flux2_core.editing import (
     composite,
     feather_inward,
@@ -22,7 +22,7 @@ from flux2_core.errors import Flux2Error
 from flux2_core.flow import start_from, truncate
 from flux2_core.references import ReferenceLatents, encode_references, prepare_reference
 from flux2_core.sampling import SampleSettings, get_sigmas, sample
-from flux2_core.vae import denormalize, load_vae, unpatchify
+from flux2_core.vae.autoencoder import denormalize, load_vae, unpatchify
 
 TOLERANCE = 1e-4
 

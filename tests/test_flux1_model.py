@@ -381,7 +381,7 @@ GUIDANCE_30 = torch.tensor([30.0])
 
 def test_fill_guidance_is_embedded_as_1000_g_formed_in_the_compute_dtype():
     # diffusers: guidance.to(dtype) * 1000 -> 30 becomes 29952 in bfloat16 (BFL's guidance_vec likewise)
-    from flux2_core.layers import timestep_embedding
+    from flux2_core.dit.layers import timestep_embedding
 
     config = Flux1Config(256, 2, depth=1, depth_single_blocks=1, context_in_dim=32, vec_in_dim=16)
     net = Flux1Transformer(config).to(torch.bfloat16).eval()

@@ -11,8 +11,8 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from flux2_core.errors import Flux2Error  # noqa: E402
-from flux2_core.gguf_file import GGUFTensors, hf_name, qwen3_config  # noqa: E402
-from flux2_core.gguf_quants import (  # noqa: E402
+from flux2_core.weights.gguf_file import GGUFTensors, hf_name, qwen3_config  # noqa: E402
+from flux2_core.weights.gguf_quants import (  # noqa: E402
     GGML_TYPES,
     GGMLType,
     block_size,

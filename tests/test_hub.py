@@ -11,10 +11,10 @@ from tiny_text import make_tiny_qwen3, write_hf_folder
 from tiny_vae import random_vae_state_dict
 from tiny_vae import write_diffusers_folder as write_vae_folder
 
-from flux2_core import hub
-from flux2_core.cli import main
-from flux2_core.dit_files import load_transformer
+from flux2_core.cli.main import main
+from flux2_core.dit.files import load_transformer
 from flux2_core.errors import Flux2Error
+from flux2_core.weights import hub
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -14,11 +14,11 @@ from safetensors.torch import save_file
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 from tiny_text import make_tiny_qwen3, write_comfy_file
 
-from flux2_core.dit_files import load_transformer
+from flux2_core.dit.files import load_transformer
+from flux2_core.dit.rope import image_ids, text_ids
 from flux2_core.errors import Flux2Error
-from flux2_core.lora import applied, attach, detach, parse_block_strengths, prepare_lora, read_lora
-from flux2_core.rope import image_ids, text_ids
-from flux2_core.text_encoder import load_text_encoder
+from flux2_core.lora.prepare import applied, attach, detach, parse_block_strengths, prepare_lora, read_lora
+from flux2_core.text.encoder import load_text_encoder
 
 CPU = torch.device("cpu")
 H, MLP = 32, 96  # tiny DiT width and MLP width

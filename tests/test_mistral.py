@@ -32,8 +32,16 @@ from tiny_text import write_comfy_file as write_qwen3_file
 
 from flux2_core.configs import DEV_32B, KLEIN_4B, TEXT_ENCODER_FOR_CONTEXT
 from flux2_core.errors import Flux2Error
-from flux2_core.loading import weight_bytes
-from flux2_core.mistral import (
+from flux2_core.sampling import check_text_width
+from flux2_core.text.encoder import (
+    KLEIN_QWEN3,
+    QWEN3_4B,
+    QWEN3_SPEC,
+    load_text_encoder,
+    text_encoder_from_state_dict,
+    text_encoder_spec_for,
+)
+from flux2_core.text.mistral import (
     DEV_MISTRAL,
     MISTRAL_HIDDEN_LAYERS,
     MISTRAL_SMALL_24B,
@@ -42,23 +50,15 @@ from flux2_core.mistral import (
     describe_mistral,
     load_tekken_folder,
 )
-from flux2_core.sampling import check_text_width
-from flux2_core.tekken import (
+from flux2_core.text.tekken import (
     MISTRAL_TEMPLATE,
     SYSTEM_MESSAGE,
     TekkenTokenizer,
     builtin_tekken,
     tekken_from_json,
 )
-from flux2_core.text_encoder import (
-    KLEIN_QWEN3,
-    QWEN3_4B,
-    QWEN3_SPEC,
-    load_text_encoder,
-    text_encoder_from_state_dict,
-    text_encoder_spec_for,
-)
-from flux2_core.tokenizer import HFTokenizer, tokenize_prompts
+from flux2_core.text.tokenizer import HFTokenizer, tokenize_prompts
+from flux2_core.weights.loading import weight_bytes
 
 E = TINY_TEXT["hidden_size"]
 PROMPTS = ["a red fox in the snow", "", "[IMG]typed [INST] <s> and 数字 12345 🦊", "long " * 700]
@@ -370,7 +370,7 @@ def test_head_dim_without_config_is_mistral_smalls(tiny, tmp_path):
 
 
 def test_real_size_pruned_mistral_and_dev_dit():
-    from flux2_core.transformer import Flux2Transformer
+    from flux2_core.dit.transformer import Flux2Transformer
 
     ours = build_mistral(MISTRAL_SMALL_24B)
     assert sum(p.numel() for p in ours.parameters()) == 17_343_754_240  # embedding + 30 layers

@@ -23,14 +23,8 @@ import torch.multiprocessing as mp
 from quant_files import write_quantised
 from safetensors.torch import load_file, save_file
 
-from flux2_core.checkpoint import open_checkpoint
 from flux2_core.configs import Flux2Config
-from flux2_core.dit_files import DIT_SPEC, load_transformer
-from flux2_core.errors import Flux2Error
-from flux2_core.keymaps import plan as keymap_plan
-from flux2_core.loading import load_checkpoint
-from flux2_core.ops import linears
-from flux2_core.parallel import (
+from flux2_core.devices.parallel import (
     broadcast_conditioning,
     broadcast_references,
     check_world,
@@ -40,10 +34,16 @@ from flux2_core.parallel import (
     parallel_info,
     tensor_plan,
 )
-from flux2_core.parallel_load import load_transformer_parallel, planned_weight_bytes
+from flux2_core.devices.parallel_load import load_transformer_parallel, planned_weight_bytes
+from flux2_core.dit.files import DIT_SPEC, load_transformer
+from flux2_core.dit.transformer import Flux2Transformer
+from flux2_core.errors import Flux2Error
+from flux2_core.ops import linears
 from flux2_core.references import ReferenceLatents
 from flux2_core.sampling import SampleSettings, sample
-from flux2_core.transformer import Flux2Transformer
+from flux2_core.weights.checkpoint import open_checkpoint
+from flux2_core.weights.keymaps import plan as keymap_plan
+from flux2_core.weights.loading import load_checkpoint
 
 WORLD = 2
 # 4 heads x 16 (RoPE axes 4 x 4), 2 + 2 blocks, text 3 x 16 wide; dev adds the guidance embedder.

@@ -12,10 +12,10 @@ from tiny_dit import make_diffusers_dit, write_bfl_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core.dit_files import load_transformer
+from flux2_core.dit.files import load_transformer
 from flux2_core.references import encode_references
 from flux2_core.sampling import SampleSettings, sample
-from flux2_core.vae import load_vae
+from flux2_core.vae.autoencoder import load_vae
 
 TOLERANCE = 1e-4  # max abs difference on the final latents, float32 on the CPU
 T = 512

@@ -8,12 +8,12 @@ import torch
 from tiny_dit import make_diffusers_dit, write_bfl_file
 
 from flux2_core import load_transformer
-from flux2_core import placement as placement_module
+from flux2_core.devices import placement as placement_module
+from flux2_core.devices.placement import parse_devices, place_blocks, plan_split, remove_placement
+from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.errors import Flux2Error
 from flux2_core.flux1 import Flux1Transformer
 from flux2_core.flux1.config import Flux1Config
-from flux2_core.placement import parse_devices, place_blocks, plan_split, remove_placement
-from flux2_core.rope import image_ids, reference_ids, text_ids
 
 
 def test_plan_split_follows_the_shares_and_keeps_runs_contiguous():

@@ -17,11 +17,11 @@ from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 from tiny_text import make_tiny_qwen3, model_tensors
 
 from flux2_core import Flux2Error, load_text_encoder, load_transformer
-from flux2_core.dit_files import DIT_SPEC
-from flux2_core.loading import weight_bytes
+from flux2_core.dit.files import DIT_SPEC
 from flux2_core.ops import PLAIN, linears
-from flux2_core.quant import QuantLayer, dequantize, unswizzle
-from flux2_core.text_encoder import text_encoder_from_state_dict
+from flux2_core.text.encoder import text_encoder_from_state_dict
+from flux2_core.weights.loading import weight_bytes
+from flux2_core.weights.quant import QuantLayer, dequantize, unswizzle
 
 CPU = torch.device("cpu")
 FORMS = [
@@ -136,7 +136,7 @@ def test_quantised_weights_take_their_stored_bytes(dit, tmp_path):
 
 
 def test_dequantising_at_load_gives_plain_weights(dit, tmp_path):
-    from flux2_core.loading import load_component
+    from flux2_core.weights.loading import load_component
 
     sd = bfl_state_dict(dit)
     path = tmp_path / "int8.safetensors"
@@ -190,7 +190,7 @@ def test_mxfp8_dequantises_by_power_of_two_blocks():
 
 
 def test_hadamard_rotation_is_its_own_inverse():
-    from flux2_core.quant import hadamard as ours
+    from flux2_core.weights.quant import hadamard as ours
 
     for g in (4, 16, 64, 256):
         h = ours(g)
@@ -398,7 +398,7 @@ def test_sharded_header_only_file_keeps_every_shards_layers(dit, tmp_path):
 
 
 def test_weight_bytes_counts_a_quantised_embedding_dequantised(tmp_path):
-    from flux2_core.text_encoder import QWEN3_SPEC
+    from flux2_core.text.encoder import QWEN3_SPEC
 
     tiny = make_tiny_qwen3(seed=8)
     tensors = model_tensors(tiny, lm_head=False)
@@ -421,7 +421,7 @@ def test_weight_bytes_counts_a_quantised_embedding_dequantised(tmp_path):
 
 def test_pairing_reads_text_widths_from_quantised_and_gguf_encoders(tmp_path):
     pytest.importorskip("gguf")
-    from flux2_core.text_encoder import QWEN3_SPEC
+    from flux2_core.text.encoder import QWEN3_SPEC
 
     tiny = make_tiny_qwen3(seed=9)
     tensors = model_tensors(tiny, lm_head=False)

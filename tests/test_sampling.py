@@ -8,6 +8,7 @@ from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu 
 from diffusers.utils.torch_utils import randn_tensor
 
 from flux2_core.configs import VARIANTS, Flux2Config
+from flux2_core.dit.transformer import Flux2Model
 from flux2_core.errors import Flux2Error
 from flux2_core.sampling import (
     SampleSettings,
@@ -18,7 +19,6 @@ from flux2_core.sampling import (
     sample,
     unpack,
 )
-from flux2_core.transformer import Flux2Model
 
 
 @pytest.mark.parametrize("seq_len, steps", [(4096, 4), (1024, 4), (4096, 50), (16384, 4), (64, 1), (300, 28)])
@@ -166,9 +166,9 @@ def test_noise_equals_native_comfyui_prepare_noise():
 
 def test_memory_estimate_counts_the_kv_cache_like_the_published_figure():
     from flux2_core.configs import KLEIN_9B
+    from flux2_core.dit.transformer import Flux2Transformer
     from flux2_core.references import ReferenceLatents
     from flux2_core.sampling import estimate_memory
-    from flux2_core.transformer import Flux2Transformer
 
     with torch.device("meta"):
         net = Flux2Transformer(KLEIN_9B).to(torch.bfloat16)

@@ -8,15 +8,16 @@ import torch
 from tiny_dit import make_diffusers_dit, write_bfl_file, write_diffusers_folder
 from tiny_text import make_tiny_qwen3, model_tensors
 
-from flux2_core import checkpoint, ops
-from flux2_core.dit_files import load_transformer
+from flux2_core import ops
+from flux2_core.dit.files import load_transformer
+from flux2_core.dit.rope import image_ids, text_ids
 from flux2_core.errors import Flux2Error
 from flux2_core.flow import euler, make_noise, pack, start_from, truncate, unpack
-from flux2_core.keymaps import DIT, Part, Placement
-from flux2_core.latent_format import ScaleShift
-from flux2_core.rope import image_ids, text_ids
 from flux2_core.sampling import SampleSettings, get_sigmas, sample
-from flux2_core.text_encoder import text_encoder_from_state_dict
+from flux2_core.text.encoder import text_encoder_from_state_dict
+from flux2_core.vae.latent_format import ScaleShift
+from flux2_core.weights import checkpoint
+from flux2_core.weights.keymaps import DIT, Part, Placement
 
 B, H, W, T = 2, 3, 4, 7
 
@@ -233,8 +234,8 @@ def test_flux1_latent_format_round_trips():
 def test_the_loading_pipeline_attaches_the_specs_sources(files, inputs):
     from dataclasses import replace
 
-    from flux2_core.dit_files import DIT_SPEC
-    from flux2_core.loading import load_component
+    from flux2_core.dit.files import DIT_SPEC
+    from flux2_core.weights.loading import load_component
 
     counting = CountingSource()
     spec = replace(DIT_SPEC, sources=lambda name, layer, ckpt: counting(name, layer))

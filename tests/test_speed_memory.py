@@ -19,7 +19,7 @@ from tiny_dit import make_diffusers_dit, write_bfl_file
 
 from flux2_core import compile_blocks, load_transformer
 from flux2_core.configs import Flux2Config
-from flux2_core.transformer import Flux2Transformer
+from flux2_core.dit.transformer import Flux2Transformer
 
 REPO = Path(__file__).resolve().parents[1]
 BOUND = 1.15
@@ -40,7 +40,7 @@ if kind == "dit":
     module = load(path, variant="distilled", dtype=dtype).transformer
 else:
     from flux2_core import load_text_encoder
-    from flux2_core.tokenizer import builtin_tokenizer
+    from flux2_core.text.tokenizer import builtin_tokenizer
     import transformers  # imported before the baseline, with the tokenizer: neither is the checkpoint
     builtin_tokenizer()
     base = status("VmRSS:")

@@ -12,11 +12,11 @@ from quant_files import write_quantised
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 
 from flux2_core import ReferenceLatents, SampleSettings, load_transformer, sample
-from flux2_core.lora import DIT, Lora
+from flux2_core.devices.streaming import StreamedWeight, disable_streaming, enable_streaming, streamer_of
+from flux2_core.dit.rope import image_ids, reference_ids, text_ids
+from flux2_core.lora.prepare import DIT, Lora
 from flux2_core.ops import PLAIN, LowRankPatch, linears
-from flux2_core.quant import QuantWeight
-from flux2_core.rope import image_ids, reference_ids, text_ids
-from flux2_core.streaming import StreamedWeight, disable_streaming, enable_streaming, streamer_of
+from flux2_core.weights.quant import QuantWeight
 
 B, H, W, T = 2, 3, 4, 7
 BLOCK_BYTES = {"double": 26624 * 4, "single": 13312 * 4}  # the tiny DiT's block linears, float32

@@ -23,7 +23,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from flux2_core.configs import TEXT_ENCODER_FOR_CONTEXT
 from flux2_core.errors import Flux2Error
-from flux2_core.text_encoder import (
+from flux2_core.text.encoder import (
     QWEN3_4B,
     QWEN3_8B,
     QWEN3_HIDDEN_LAYERS,
@@ -34,7 +34,7 @@ from flux2_core.text_encoder import (
     read_qwen3_shape,
     text_encoder_from_state_dict,
 )
-from flux2_core.tokenizer import HFTokenizer, QwenTokenizer, tokenize_prompts
+from flux2_core.text.tokenizer import HFTokenizer, QwenTokenizer, tokenize_prompts
 
 E = TINY_QWEN3["hidden_size"]
 PROMPTS = [

@@ -21,7 +21,7 @@ import torch
 from tiny_text import converted_vocab_merges, reference_hf_tokenizer, write_qwen_tokenizer_folder
 
 from flux2_core.errors import Flux2Error
-from flux2_core.tokenizer import (
+from flux2_core.text.tokenizer import (
     MAX_TEXT_TOKENS,
     PAD_TOKEN_ID,
     QWEN_ADDED_TOKENS,
@@ -167,7 +167,7 @@ def test_nfc_normalization(builtin):
 def test_truncation_warns_with_the_dropped_count(builtin, caplog):
     long_prompt = "fox " * 600
     full = builtin.encode(QWEN_CHAT_TEMPLATE.format(prompt=long_prompt))
-    with caplog.at_level(logging.WARNING, logger="flux2_core.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="flux2_core.text.tokenizer"):
         input_ids, mask = tokenize_prompts(builtin, ["short", long_prompt])
     assert input_ids[1].tolist() == full[:MAX_TEXT_TOKENS]
     assert bool(mask[1].all())

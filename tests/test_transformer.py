@@ -10,10 +10,10 @@ from safetensors.torch import save_file
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file, write_diffusers_folder
 
 from flux2_core.configs import DEV_32B, KLEIN_4B, KLEIN_9B
-from flux2_core.dit_files import load_transformer
+from flux2_core.dit.files import load_transformer
+from flux2_core.dit.rope import image_ids, reference_ids, text_ids
+from flux2_core.dit.transformer import Flux2Transformer
 from flux2_core.errors import Flux2Error
-from flux2_core.rope import image_ids, reference_ids, text_ids
-from flux2_core.transformer import Flux2Transformer
 
 B, H, W, T = 2, 3, 4, 7
 
@@ -157,7 +157,7 @@ def test_empty_reference_cache_is_the_plain_forward(loaded, inputs):
 
 
 def test_kv_cache_read_before_filled_is_a_clear_error(loaded, inputs):
-    from flux2_core.kv_cache import RefKVCache
+    from flux2_core.dit.kv_cache import RefKVCache
 
     net = loaded["bfl"].transformer
     with pytest.raises(Flux2Error, match="reference KV cache is empty"):
@@ -335,7 +335,7 @@ def test_incomplete_file_is_named(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cpu_low_precision_attention_matches_sdpa_within_its_precision(dtype):
-    from flux2_core import layers
+    from flux2_core.dit import layers
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 2500, 64, generator=g) for _ in range(3))  # several query chunks
@@ -347,7 +347,7 @@ def test_cpu_low_precision_attention_matches_sdpa_within_its_precision(dtype):
 
 
 def test_rope_rotation_table_rotates_pairs_exactly():
-    from flux2_core.rope import apply_rope, rope_table, rotation_table
+    from flux2_core.dit.rope import apply_rope, rope_table, rotation_table
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 12, 16, generator=g)

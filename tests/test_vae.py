@@ -21,7 +21,7 @@ from tiny_vae import (
 )
 
 from flux2_core.errors import Flux2Error
-from flux2_core.vae import (
+from flux2_core.vae.autoencoder import (
     FLUX2_SMALL_DECODER_VAE,
     FLUX2_VAE,
     AutoEncoder,

@@ -1,4 +1,4 @@
-"""Tiled VAE decoding and encoding (flux2_core.vae_tiling) on tiny random VAEs, CPU float32.
+"""Tiled VAE decoding and encoding (flux2_core.vae.tiling) on tiny random VAEs, CPU float32.
 
 The tiles' GroupNorms and mid-block attention see one tile, not the whole image, so a tiled result differs
 from the untiled one everywhere; in a random, untrained VAE that difference is much larger than in the
@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 from tiny_vae import TINY_VAE, random_vae_state_dict, write_bfl_file
 
-from flux2_core import limits, load_vae, vae_tiling
+from flux2_core import limits, load_vae
 from flux2_core.errors import Flux2Error
-from flux2_core.vae_tiling import blend_tiles, resolve_tile, tile_starts
+from flux2_core.vae import tiling as vae_tiling
+from flux2_core.vae.tiling import blend_tiles, resolve_tile, tile_starts
 
 ROOT = Path(__file__).resolve().parents[1]
 # TINY_VAE's four levels (so the decoder's receptive field spans several latent cells), every level 32 wide
@@ -137,8 +138,8 @@ def test_tiled_encode_is_close_to_untiled(vae, image):
 PEAK_SCRIPT = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from flux2_core.vae import AutoEncoder
-from flux2_core.vae_blocks import VAEConfig
+from flux2_core.vae.autoencoder import AutoEncoder
+from flux2_core.vae.blocks import VAEConfig
 torch.manual_seed(0)
 torch.set_num_threads(1)
 config = VAEConfig(ch=8, ch_mult=(1, 1, 1, 1), num_res_blocks=1, decoder_ch=8, decoder_ch_mult=(1, 1, 1, 1),

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from tiny_vae import random_vae_state_dict
 
 from flux2_core.flux1 import Flux1Config, Flux1Transformer
-from flux2_core.vae import VAEConfig
+from flux2_core.vae.autoencoder import VAEConfig
 
 T5_WIDTH, CLIP_WIDTH = 32, 64
 TINY_FILL = Flux1Config(

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from flux2_core.tokenizer import QWEN_ADDED_TOKENS
+from flux2_core.text.tokenizer import QWEN_ADDED_TOKENS
 
 TINY_QWEN3 = dict(
     vocab_size=151936,

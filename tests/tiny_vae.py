@@ -17,7 +17,7 @@ from diffusers import AutoencoderKLFlux2
 from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
 from safetensors.torch import save_file
 
-from flux2_core.vae import FLUX2_VAE, AutoEncoder, VAEConfig
+from flux2_core.vae.autoencoder import FLUX2_VAE, AutoEncoder, VAEConfig
 
 # 4 levels like the real VAE (so diffusers' reversed up_blocks index is exercised), factor 16, 128 latent
 # channels; every width a multiple of the 32 GroupNorm groups.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..configs import FLUX1, preset_name
-from ..latent_format import ScaleShift
+from ..vae.latent_format import ScaleShift
 
 # The FLUX.1 VAE's latent normalisation (BFL ``AutoEncoderParams``, diffusers ``scaling/shift_factor``).
 LATENT_SCALE, LATENT_SHIFT = 0.3611, 0.1159

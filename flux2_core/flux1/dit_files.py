@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import Checkpoint
 from ..errors import Flux2Error
-from ..keymaps import DIT_PREFIXES, KeyMap, Part
-from ..loading import ComponentSpec, block_count, load_component
+from ..weights.checkpoint import Checkpoint
+from ..weights.keymaps import DIT_PREFIXES, KeyMap, Part
+from ..weights.loading import ComponentSpec, block_count, load_component
 from .config import FILL_CHANNELS, Flux1Config, describe
 from .transformer import Flux1FillModel, Flux1Transformer
 

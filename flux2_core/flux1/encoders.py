@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import open_checkpoint
 from ..errors import Flux2Error
 from ..hooks import before_each, calling
+from ..weights.checkpoint import open_checkpoint
 from .config import CLIP_TOKENS, T5_TOKENS
 from .text import CLIP_FILE, T5_FILE, LoadedEncoder, load_clip, load_t5
 from .tokenizers import WHERE, beside, load_fill_tokenizers, tokenize

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import Flux2Error
 from ..flow import pack
-from ..latent_format import patchify, unpatchify
+from ..vae.latent_format import patchify, unpatchify
 from .config import LATENT_FORMAT, MASK_CELL
 
 MASK_THRESHOLD = 0.5

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import Checkpoint, open_checkpoint
 from ..errors import Flux2Error
-from ..keymaps import KeyMap
-from ..loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint
 from ..ops import adopt_linears
+from ..weights.checkpoint import Checkpoint, open_checkpoint
+from ..weights.keymaps import KeyMap
+from ..weights.loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import rope
-from ..errors import Flux2Error
-from ..layers import (
+from ..dit import rope
+from ..dit.layers import (
     DoubleStreamBlock,
     LastLayer,
     MLPEmbedder,
@@ -30,8 +29,9 @@ from ..layers import (
     TanhGELU,
     timestep_embedding,
 )
+from ..dit.transformer import DiT
+from ..errors import Flux2Error
 from ..ops import Linear
-from ..transformer import DiT
 from .config import Flux1Config
 
 

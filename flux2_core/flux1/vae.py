@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import Checkpoint
 from ..configs import preset_name
 from ..errors import Flux2Error
-from ..keymaps import VAE, VAE_PREFIXES
-from ..latent_format import RawMean
-from ..loading import ComponentSpec, load_component
-from ..vae import AutoEncoder, VAEConfig, blocks_config, vae_rename
+from ..vae.autoencoder import AutoEncoder, VAEConfig, blocks_config, vae_rename
+from ..vae.latent_format import RawMean
+from ..weights.checkpoint import Checkpoint
+from ..weights.keymaps import VAE, VAE_PREFIXES
+from ..weights.loading import ComponentSpec, load_component
 from .config import NOISE_CHANNELS
 
 FLUX1_VAE = VAEConfig(z_channels=NOISE_CHANNELS, patch=1, quant_conv=False)

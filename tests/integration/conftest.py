@@ -163,7 +163,7 @@ def write_models(models: Path) -> dict[str, Path]:
     from tiny_vae import comfy_layout, random_vae_state_dict
     from tiny_vae import write_bfl_file as write_vae
 
-    from flux2_core.vae import VAEConfig
+    from flux2_core.vae.autoencoder import VAEConfig
 
     paths = {}
     for name, spec in DIT_FILES.items():

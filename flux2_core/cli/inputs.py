@@ -1,0 +1,243 @@
+"""What the command line is given, read and checked before any model is loaded: the device, the output path,
+images and masks (as a viewer shows them), the text encoder and VAE that pair with the model, the memory a
+run needs; and the images it writes (complete or not at all)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from ..errors import Flux2Error
+from ..limits import check_fits
+
+log = logging.getLogger("flux2_core")
+
+MIN_REFERENCE_PIXELS = 64 * 64
+HIGH_BIT_DEPTH = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
+
+
+def companions(args: argparse.Namespace, context_width: int) -> tuple[str, str]:
+    """The text encoder and VAE to use: as given, else from the model's own Hub repo when it has them, else
+    from the official repo that pairs with the model's text width."""
+    from ..weights.hub import PAIRED_REPOS, MissingComponent, local_path, parse
+
+    given = {"text_encoder": args.text_encoder, "vae": args.vae}
+    if all(given.values()):
+        return args.text_encoder, args.vae
+    ref = parse(args.model)
+    source = None
+    local = Path(args.model).expanduser()
+    if local.is_dir() and all((local / c).is_dir() for c, value in given.items() if value is None):
+        source = args.model  # a local diffusers repository with its own text encoder and VAE
+    elif ref is not None and not ref.filename:
+        try:
+            for component, value in given.items():
+                if value is None:
+                    local_path(args.model, component)
+            source = args.model
+        except MissingComponent:
+            source = None
+    if source is None:
+        source = PAIRED_REPOS.get(context_width)
+        if source is None:
+            raise Flux2Error(
+                f"no official text encoder pairs with a DiT reading {context_width}-wide text: give "
+                "--text-encoder and --vae"
+            )
+        log.info("text encoder and VAE: from %s, the official pairing for this model", source)
+    else:
+        log.info("text encoder and VAE: from %s, the model's own repository", source)
+    return args.text_encoder or source, args.vae or source
+
+
+def device_for(name: str | None) -> torch.device:
+    """The compute device, or a clear error for one this machine does not have."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise Flux2Error(f"--device {name} is not a device name: use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise Flux2Error(
+                f"--device {name}: CUDA is not available (this torch {torch.__version__} has no CUDA, or no "
+                "GPU is visible): use --device cpu, or install a CUDA build of torch"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise Flux2Error(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise Flux2Error(f"--device {name}: Apple MPS is not available here: use --device cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise Flux2Error(f"--device {name} is not supported: use cpu or cuda")
+    return device
+
+
+def check_output(output: Path) -> Path:
+    """The output path must name an image file (by its extension) in a folder we can write."""
+    if output.is_dir():
+        raise Flux2Error(f"--output {output} is a folder: give a file name, e.g. {output / 'image.png'}")
+    if output.suffix.lower() not in IMAGE_FORMATS:
+        raise Flux2Error(
+            f"--output {output} has no image extension: end it in {', '.join(IMAGE_FORMATS)} (e.g. "
+            f"{output.with_suffix('.png').name})"
+        )
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Flux2Error(
+            f"cannot create the output folder {output.parent} ({e.strerror}): choose another"
+        ) from None
+    if not os.access(output.parent, os.W_OK):
+        raise Flux2Error(f"the output folder {output.parent} is not writable: choose another --output")
+    return output
+
+
+def release(device: torch.device) -> None:
+    """Give freed memory back: Python's garbage, and the CUDA allocator's cache."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def check_memory(device: torch.device, dit: int, text_encoder: int, activations: int, what: str) -> None:
+    """The DiT waits in RAM while the text encoder runs on ``device``; then the DiT samples there."""
+    advice = "lower --width/--height, --batch-size or the references, or use --dtype bfloat16"
+    if device.type == "cpu":
+        check_fits(dit + max(text_encoder, activations), device, f"sampling {what} on the CPU", advice)
+        return
+    check_fits(max(text_encoder, dit + activations), device, f"sampling {what}", advice)
+    check_fits(dit, torch.device("cpu"), "holding the diffusion model in RAM while the text runs", advice)
+
+
+def image_size(image) -> tuple[int, int]:
+    return image.size if isinstance(image, Image.Image) else (image.shape[1], image.shape[0])
+
+
+def open_image(path: str):
+    """An image as a viewer shows it: EXIF orientation applied, alpha dropped (as ComfyUI's LoadImage does),
+    16-bit images scaled to 0..1 rather than clipped, float images taken as 0..1. 8-bit images stay PIL
+    images; others come back as float tensors [H, W, 3]. Images over PIL's decompression-bomb limit are
+    refused."""
+    try:
+        with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image)
+            if image.mode in HIGH_BIT_DEPTH:
+                gray = _high_bit_depth(image)
+                return torch.from_numpy(np.repeat(gray[..., None], 3, axis=-1)).clamp(0, 1)
+            if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+                image = image.convert("RGBA")
+            return image.convert("RGB")
+    except Image.DecompressionBombError as e:
+        raise Flux2Error(
+            f"the reference image {path} is refused as a possible decompression bomb ({e}): use an image of "
+            f"at most {2 * Image.MAX_IMAGE_PIXELS} pixels"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise Flux2Error(
+            f"could not read the reference image {path} ({e}): use a PNG, JPEG or WebP file"
+        ) from None
+
+
+def save_images(outputs: list[torch.Tensor], output: Path) -> list[Path]:
+    """One [B, 3, H, W] tensor in -1..1 per prompt -> image files (rounded to 8 bit): ``OUT.png`` for one
+    image, ``OUT_j.png`` for a batch, ``OUT-k.png`` (``OUT-k_j.png``) for prompt k of several. Each is written
+    under a temporary name and renamed once every file is complete, so an interrupted or failed save leaves
+    no partial file."""
+    fmt = IMAGE_FORMATS[output.suffix.lower()]
+    named = []
+    for k, pixels in enumerate(outputs):
+        stem = output.stem if len(outputs) == 1 else f"{output.stem}-{k + 1}"
+        arrays = ((pixels.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+        for j, array in enumerate(arrays):
+            name = f"{stem}{output.suffix}" if len(arrays) == 1 else f"{stem}_{j + 1}{output.suffix}"
+            named.append((array, output.with_name(name)))
+    temps = [path.with_name(f".{path.name}.{os.getpid()}.partial") for _, path in named]
+    try:
+        for (array, _), temp in zip(named, temps):
+            Image.fromarray(array).save(temp, format=fmt)
+        for (_, path), temp in zip(named, temps):
+            os.replace(temp, path)
+    except OSError as e:
+        raise Flux2Error(
+            f"could not write {output} ({e.strerror or e}): check the disk space and the path"
+        ) from None
+    finally:
+        for temp in temps:
+            temp.unlink(missing_ok=True)
+    return [path for _, path in named]
+
+
+def open_mask(path: str, size: tuple[int, int]) -> torch.Tensor:
+    """A mask file (white = repaint; grey, RGB or with alpha: its luminance) -> [H, W] in 0..1 for an image of
+    ``size`` (width, height)."""
+    try:
+        with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image)
+            if image.mode in HIGH_BIT_DEPTH:  # scaled like open_image, not clipped at 255
+                values = _high_bit_depth(image)
+            else:
+                values = np.asarray(image.convert("L"), dtype=np.float32) / 255.0
+    except Image.DecompressionBombError as e:
+        raise Flux2Error(f"the mask {path} is refused as a possible decompression bomb ({e})") from None
+    except (OSError, ValueError) as e:
+        raise Flux2Error(f"could not read the mask {path} ({e}): use a PNG (white = repaint)") from None
+    if values.shape[::-1] != tuple(size):
+        height, width = values.shape
+        raise Flux2Error(
+            f"the mask {path} is {width}x{height} but the image is {size[0]}x{size[1]}: use a "
+            "mask of the image's size"
+        )
+    return torch.from_numpy(values).clamp(0, 1)
+
+
+def _high_bit_depth(image: Image.Image) -> np.ndarray:
+    """A 16-bit or 32-bit integer image scaled from 0..65535, a float one taken as 0..1: [H, W] float32."""
+    return np.asarray(image, dtype=np.float32) / (1.0 if image.mode == "F" else 65535.0)
+
+
+def as_tensor(image) -> torch.Tensor:
+    """A PIL image or a float tensor [H, W, 3] -> float tensor [H, W, 3] in 0..1."""
+    if isinstance(image, Image.Image):
+        return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0)
+    return image.float()
+
+
+MAX_LORA_STRENGTH = 10.0
+
+
+def read_loras(values: list[str]) -> list[tuple[object, float]]:
+    """``--lora FILE[:STRENGTH]`` values -> [(LoraFile, strength)], read and checked before any model loads.
+
+    The strength follows the last ``:`` when that part is a number (``C:\\loras\\x.safetensors`` is a
+    path).
+    """
+    from ..lora.prepare import read_lora
+
+    loras = []
+    for value in values:
+        path, strength = value, 1.0
+        head, sep, tail = value.rpartition(":")
+        if sep and head:
+            try:
+                strength = float(tail)
+                path = head
+            except ValueError:
+                pass
+        if not -MAX_LORA_STRENGTH <= strength <= MAX_LORA_STRENGTH:  # also refuses nan
+            raise Flux2Error(
+                f"--lora {value}: strength {strength:g} is out of range: give -{MAX_LORA_STRENGTH:g} to "
+                f"{MAX_LORA_STRENGTH:g} (1 = as trained), e.g. --lora {path}:0.8"
+            )
+        if not Path(path).is_file():
+            raise Flux2Error(f"--lora {value}: {path} is not a file: give the path of a LoRA .safetensors")
+        loras.append((read_lora(path), strength))
+    return loras

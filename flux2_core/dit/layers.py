@@ -1,0 +1,291 @@
+"""Building blocks of the FLUX.2 DiT. Attribute names are the BFL checkpoint keys.
+
+Tensor layout inside attention: [B, heads, L, head_dim]. The joint sequence is [text, image] for
+text-to-image, [text, image, references] for the plain klein models (references appended after the noisy
+tokens), and [text, cached references, image] for the KV model, whose reference keys/values come from a
+``RefKVLayer`` (see ``joint_attention``). Every linear layer is an ``ops.Linear``: blocks never know where
+its weight comes from. Every block holds a ``comm`` (``LOCAL`` in one process): what it exchanges with the
+other processes running the same model (``parallel``): the sums of partial outputs (tensor parallelism) and
+the trade of sequence for heads around attention (Ulysses). Blocks see only their local heads and widths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+from ..ops import Linear
+from .kv_cache import RefKVLayer
+from .rope import apply_rope
+
+NORM_EPS = 1e-6
+
+
+class LocalComm:
+    """What a model running in one process exchanges with the others: nothing. ``parallel`` has the
+    communicators of tensor and sequence parallelism, with the same methods."""
+
+    def sum_partials(self, *parts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The full outputs of row-parallel projections from this process's partial sums."""
+        return parts
+
+    def to_heads(self, q, k, v) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[B, heads, local tokens, D] -> [B, local heads, all tokens, D] (Ulysses), before attention."""
+        return q, k, v
+
+    def to_tokens(self, out: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``to_heads``, after attention."""
+        return out
+
+    def split_tokens(self, txt, img, ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This process's text and image tokens (and their ids, ``[text ids; image ids]``)."""
+        return txt, img, ids
+
+    def gather_tokens(self, img: torch.Tensor) -> torch.Tensor:
+        """Every image token, from this process's ``split_tokens`` share."""
+        return img
+
+
+LOCAL = LocalComm()
+
+
+def timestep_embedding(
+    t: torch.Tensor, dim: int = 256, max_period: float = 10000.0, factor: float = 1000.0
+) -> torch.Tensor:
+    """Sinusoidal embedding of ``factor * t`` (t in [0, 1]), cos first: [B, dim], float32."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = (factor * t.float())[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def layer_norm(x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), eps=NORM_EPS)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (1 + scale) * layer_norm(x) + shift
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """The gate is the first half: silu(gate) * up."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+class SwiGLU(nn.Module):
+    """FLUX.2's gated MLP activation: two input rows per output (gate, up)."""
+
+    inputs_per_output = 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x)
+
+
+class TanhGELU(nn.GELU):
+    """FLUX.1's MLP activation: GELU with the tanh approximation, one input row per output."""
+
+    inputs_per_output = 1
+
+    def __init__(self):
+        super().__init__(approximate="tanh")
+
+
+def mlp(hidden: int, mlp_hidden: int, act: nn.Module, bias: bool = False) -> nn.Sequential:
+    """``{0: in, 1: act, 2: out}``, the checkpoint layout of every FLUX MLP."""
+    rows = act.inputs_per_output * mlp_hidden
+    return nn.Sequential(Linear(hidden, rows, bias=bias), act, Linear(mlp_hidden, hidden, bias=bias))
+
+
+class MLPEmbedder(nn.Module):
+    def __init__(self, in_dim: int, hidden: int, bias: bool = False):
+        super().__init__()
+        self.in_layer = Linear(in_dim, hidden, bias=bias)
+        self.out_layer = Linear(hidden, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_layer(F.silu(self.in_layer(x)))
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over head_dim; the weight is named ``scale`` as in the checkpoints."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in float32, weight applied after the cast back (BFL order); in float32 that is one fused
+        # op giving the very same values.
+        if x.dtype == torch.float32 and self.scale.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight=self.scale, eps=NORM_EPS)
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=NORM_EPS).to(x.dtype) * self.scale
+
+
+class QKNorm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.query_norm = RMSNorm(dim)
+        self.key_norm = RMSNorm(dim)
+
+
+class SelfAttention(nn.Module):
+    """Holds qkv / norm / proj so their keys match the checkpoint; the blocks drive the attention."""
+
+    def __init__(self, dim: int, num_heads: int, bias: bool = False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = Linear(dim, 3 * dim, bias=bias)
+        self.norm = QKNorm(dim // num_heads)
+        self.proj = Linear(dim, dim, bias=bias)
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return split_qkv(self.qkv(x), self.num_heads, self.norm)
+
+
+def split_qkv(qkv: torch.Tensor, num_heads: int, norm: QKNorm) -> tuple[torch.Tensor, ...]:
+    """[B, L, 3 * H] -> normalised q, k and v, each [B, heads, L, head_dim]."""
+    q, k, v = rearrange(qkv, "B L (K H D) -> K B H L D", K=3, H=num_heads)
+    return norm.query_norm(q).to(v.dtype), norm.key_norm(k).to(v.dtype), v
+
+
+class Modulation(nn.Module):
+    """One linear map of silu(vec) to (shift, scale, gate) sets: FLUX.2 shares one per block kind, FLUX.1 has
+    one per block (with a bias)."""
+
+    def __init__(self, dim: int, double: bool, bias: bool = False):
+        super().__init__()
+        self.multiplier = 6 if double else 3
+        self.lin = Linear(dim, self.multiplier * dim, bias=bias)
+
+    def forward(self, vec: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
+        out = self.lin(F.silu(vec))[:, None, :].chunk(self.multiplier, dim=-1)  # each [B, 1, H]
+        return tuple(tuple(out[i : i + 3]) for i in range(0, self.multiplier, 3))  # (shift, scale, gate) sets
+
+
+def joint_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pe: torch.Tensor,
+    num_txt: int = 0,
+    kv: RefKVLayer | None = None,
+    comm: LocalComm = LOCAL,
+) -> torch.Tensor:
+    """Attention over the joint sequence after RoPE; returns [B, L, heads * head_dim].
+
+    - ``kv`` filled: the stored reference K/V are spliced in after the ``num_txt`` text keys.
+    - ``kv`` empty: the sequence is the references alone (``encode_reference_kv``); their K/V are stored.
+
+    Under sequence parallelism ``comm`` gathers every token of this process's heads after RoPE (the K/V
+    cache then holds those heads for every reference token) and scatters the result back.
+    """
+    q, k = apply_rope(q, pe), apply_rope(k, pe)
+    q, k, v = comm.to_heads(q, k, v)
+    if kv is not None and kv.filled:
+        k_ref, v_ref = kv.get(q.shape[0])
+        k = torch.cat([k[:, :, :num_txt], k_ref, k[:, :, num_txt:]], dim=2)
+        v = torch.cat([v[:, :, :num_txt], v_ref, v[:, :, num_txt:]], dim=2)
+    elif kv is not None:
+        kv.store(k, v)
+    return rearrange(comm.to_tokens(sdpa(q, k, v)), "B H L D -> B L (H D)")
+
+
+CPU_ATTENTION_CHUNK = 1024  # query rows per chunk: bounds the [chunk, L] score matrix of each head
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Softmax attention [B, H, L, D], by the fastest path for where it runs.
+
+    On a GPU and in float32, PyTorch's ``scaled_dot_product_attention`` (which picks its flash /
+    memory-efficient kernels). On a CPU in bfloat16 or float16 its kernel is slower than plain matrix
+    products, which run on the CPU's bf16 units (1.3-1.9x faster measured at 1.5k-5.6k tokens), so scores and
+    outputs are formed by two matmuls per chunk of queries (the error stays at the dtype's precision).
+    """
+    if q.device.type != "cpu" or q.dtype == torch.float32:
+        return F.scaled_dot_product_attention(q, k, v)
+    out = torch.empty_like(q)
+    scale, keys = q.shape[-1] ** -0.5, k.transpose(-1, -2)
+    for start in range(0, q.shape[2], CPU_ATTENTION_CHUNK):
+        rows = slice(start, start + CPU_ATTENTION_CHUNK)
+        scores = torch.matmul(q[:, :, rows] * scale, keys)
+        out[:, :, rows] = torch.matmul(scores.softmax(dim=-1), v)
+    return out
+
+
+class DoubleStreamBlock(nn.Module):
+    """Text and image keep separate weights and attend jointly. ``act`` and ``bias``: SwiGLU without biases
+    (FLUX.2), tanh GELU with biases (FLUX.1)."""
+
+    comm = LOCAL
+
+    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int, act=SwiGLU, bias: bool = False):
+        super().__init__()
+        self.img_attn = SelfAttention(hidden, num_heads, bias)
+        self.img_mlp = mlp(hidden, mlp_hidden, act(), bias)
+        self.txt_attn = SelfAttention(hidden, num_heads, bias)
+        self.txt_mlp = mlp(hidden, mlp_hidden, act(), bias)
+
+    def forward(self, img, txt, mod_img, mod_txt, pe, kv=None):
+        (img_sh1, img_sc1, img_g1), (img_sh2, img_sc2, img_g2) = mod_img
+        (txt_sh1, txt_sc1, txt_g1), (txt_sh2, txt_sc2, txt_g2) = mod_txt
+        img_q, img_k, img_v = self.img_attn.qkv_heads(modulate(img, img_sh1, img_sc1))
+        txt_q, txt_k, txt_v = self.txt_attn.qkv_heads(modulate(txt, txt_sh1, txt_sc1))
+        attn = joint_attention(
+            torch.cat([txt_q, img_q], dim=2),
+            torch.cat([txt_k, img_k], dim=2),
+            torch.cat([txt_v, img_v], dim=2),
+            pe,
+            num_txt=txt.shape[1],
+            kv=kv,
+            comm=self.comm,
+        )
+        txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
+        img_out, txt_out = self.comm.sum_partials(self.img_attn.proj(img_attn), self.txt_attn.proj(txt_attn))
+        img = img + img_g1 * img_out
+        txt = txt + txt_g1 * txt_out
+        img_out, txt_out = self.comm.sum_partials(
+            self.img_mlp(modulate(img, img_sh2, img_sc2)), self.txt_mlp(modulate(txt, txt_sh2, txt_sc2))
+        )
+        return img + img_g2 * img_out, txt + txt_g2 * txt_out
+
+
+class SingleStreamBlock(nn.Module):
+    """Parallel attention + MLP on the joint sequence, with fused input and output projections. ``linear1``'s
+    rows are [q|k|v|gate|up] with FLUX.2's SwiGLU, [q|k|v|mlp] with FLUX.1's tanh GELU (and biases).
+    ``hidden`` and ``mlp_rows`` are the widths of the attention and MLP parts this process holds."""
+
+    comm = LOCAL
+
+    def __init__(self, hidden: int, num_heads: int, mlp_hidden: int, act=SwiGLU, bias: bool = False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.hidden = hidden
+        self.act = act()
+        self.mlp_rows = self.act.inputs_per_output * mlp_hidden
+        self.linear1 = Linear(hidden, 3 * hidden + self.mlp_rows, bias=bias)
+        self.linear2 = Linear(hidden + mlp_hidden, hidden, bias=bias)
+        self.norm = QKNorm(hidden // num_heads)
+
+    def forward(self, x, mod, pe, num_txt, kv=None):
+        shift, scale, gate = mod
+        qkv, mlp = self.linear1(modulate(x, shift, scale)).split([3 * self.hidden, self.mlp_rows], -1)
+        q, k, v = split_qkv(qkv, self.num_heads, self.norm)
+        attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm)
+        (out,) = self.comm.sum_partials(self.linear2(torch.cat([attn, self.act(mlp)], dim=-1)))
+        return x + gate * out
+
+
+class LastLayer(nn.Module):
+    def __init__(self, hidden: int, out_channels: int, bias: bool = False):
+        super().__init__()
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(hidden, 2 * hidden, bias=bias))
+        self.linear = Linear(hidden, out_channels, bias=bias)
+
+    def forward(self, x: torch.Tensor, vec: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(vec)[:, None, :].chunk(2, dim=-1)  # (shift, scale) in BFL files
+        return self.linear(modulate(x, shift, scale))

@@ -1,0 +1,195 @@
+"""The FLUX.2 DiT (klein 4B / 9B / 9B-KV, and the dev 32B shape), with BFL checkpoint names.
+
+Inputs of the entry points:
+    x       [B, N, 128]   packed noisy latent tokens          x_ids   [N, 4]
+    t       [B]           sigma in [0, 1] (1 = pure noise)
+    ctx     [B, T, C]     text conditioning (C = 3 * text width)  ctx_ids [T, 4]
+    ref     [B, R, 128]   reference tokens (editing)          ref_ids [R, 4]
+    guidance [B]          the embedded guidance value (dev only)
+Output: the velocity for the N noisy tokens, [B, N, 128]
+(x_sigma = (1 - sigma) x0 + sigma noise, v = noise - x0).
+
+``forward`` appends references after the noisy tokens ([x; ref]) with the same modulation: the plain klein
+models. The KV checkpoint instead modulates references at t = 0 and lets them attend only to themselves, so
+``encode_reference_kv`` computes their per-block K/V once, from the references alone, and
+``forward_kv_cached`` runs text and noisy tokens against that cache at every step.
+
+``comm`` (``layers.LOCAL`` in one process) splits the tokens among the processes of a sequence-parallel run
+before the blocks and gathers the image tokens after them (``parallel``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from ..configs import Flux2Config, Variant
+from ..errors import Flux2Error
+from ..ops import Linear
+from .kv_cache import RefKVCache
+from .layers import (
+    LOCAL,
+    DoubleStreamBlock,
+    LastLayer,
+    MLPEmbedder,
+    Modulation,
+    SingleStreamBlock,
+    timestep_embedding,
+)
+from .rope import cached_rotation
+
+REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they were clean (t = 0)
+
+
+class DiT(nn.Module):
+    """What every FLUX DiT of the pack shares around its own blocks: its compute dtype and device (those of
+    ``img_in``), its blocks in run order (``double_blocks`` then ``single_blocks``: hooks, streaming,
+    placement, compile) and a cached RoPE table."""
+
+    def __init__(self):
+        super().__init__()
+        self._rope_cache: dict[tuple, torch.Tensor] = {}
+        self.compute_dtype: torch.dtype | None = None  # set by the loader: quantised weights are not it
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.compute_dtype or self.img_in.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.img_in.weight.device
+
+    def blocks(self) -> list[nn.Module]:
+        """Every block in the order they run (for per-block hooks)."""
+        return [*self.double_blocks, *self.single_blocks]
+
+    def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return cached_rotation(self._rope_cache, ids, self.config.axes_dim, self.config.theta, device)
+
+
+class Flux2Transformer(DiT):
+    comm = LOCAL
+
+    def __init__(self, config: Flux2Config):
+        super().__init__()
+        self.config = config
+        hidden, heads, mlp = config.hidden_size, config.num_heads, config.mlp_hidden_dim
+        # 1. Input projections and the timestep (and, for dev, guidance) embedders
+        self.img_in = Linear(config.in_channels, hidden, bias=False)
+        self.txt_in = Linear(config.context_in_dim, hidden, bias=False)
+        self.time_in = MLPEmbedder(256, hidden)
+        if config.guidance_embed:
+            self.guidance_in = MLPEmbedder(256, hidden)
+        # 2. Global modulation, computed once per forward and shared by all blocks of a kind
+        self.double_stream_modulation_img = Modulation(hidden, double=True)
+        self.double_stream_modulation_txt = Modulation(hidden, double=True)
+        self.single_stream_modulation = Modulation(hidden, double=False)
+        # 3. Blocks and output layer
+        self.double_blocks = nn.ModuleList(DoubleStreamBlock(hidden, heads, mlp) for _ in range(config.depth))
+        self.single_blocks = nn.ModuleList(
+            SingleStreamBlock(hidden, heads, mlp) for _ in range(config.depth_single_blocks)
+        )
+        self.final_layer = LastLayer(hidden, config.in_channels)
+
+    def forward(self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None):
+        num_img = x.shape[1]
+        if ref is not None and ref.shape[1] > 0:
+            x = torch.cat([x, ref.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1)
+            x_ids = torch.cat([x_ids, ref_ids])
+        vec = self._vec(t, guidance, x.dtype)
+        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), self._mods(vec))
+        return self.final_layer(out[:, :num_img], vec)
+
+    @torch.inference_mode()
+    def encode_reference_kv(self, ref, ref_ids, guidance=None) -> RefKVCache:
+        """The KV checkpoint's reference K/V of every block, from the references alone at t = 0.
+
+        ``ref`` is [1, R, C] when every batch item shares the references (the cache then keeps one copy and
+        serves any batch size) or [B, R, C].
+        """
+        batch = ref.shape[0]
+        cache = RefKVCache(len(self.double_blocks), len(self.single_blocks), batch_shared=batch == 1)
+        t = torch.full((batch,), REF_KV_TIMESTEP, dtype=torch.float32, device=ref.device)
+        vec = self._vec(t, guidance, self.dtype)
+        no_text = torch.zeros(batch, 0, self.config.context_in_dim, dtype=self.dtype, device=ref.device)
+        self._run_blocks(ref.to(self.dtype), no_text, ref_ids, self._mods(vec), cache=cache)
+        return cache
+
+    def forward_kv_cached(self, x, x_ids, t, ctx, ctx_ids, cache: RefKVCache, guidance=None):
+        """Text and noisy tokens attend to themselves and to the cached reference K/V."""
+        if not cache.filled:
+            cache.double[0].get(x.shape[0])  # raises the clear "cache is empty" error
+        vec = self._vec(t, guidance, x.dtype)
+        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), self._mods(vec), cache=cache)
+        return self.final_layer(out, vec)
+
+    def _vec(self, t: torch.Tensor, guidance: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        vec = self.time_in(timestep_embedding(t).to(dtype))
+        if self.config.guidance_embed:
+            if guidance is None:
+                raise Flux2Error(
+                    "this model embeds the guidance value (FLUX.2 [dev]): give a guidance value (about 4)"
+                )
+            # 1000 * g is formed in the compute dtype, as BFL and diffusers do (g = 2.5: 2496 in bfloat16)
+            scaled = guidance.to(t.device, dtype) * 1000
+            vec = vec + self.guidance_in(timestep_embedding(scaled, factor=1.0).to(dtype))
+        return vec
+
+    def _mods(self, vec: torch.Tensor):
+        return (
+            self.double_stream_modulation_img(vec),
+            self.double_stream_modulation_txt(vec),
+            self.single_stream_modulation(vec)[0],
+        )
+
+    def _run_blocks(self, img, ctx, ids, mods, cache: RefKVCache | None = None):
+        """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part."""
+        img_mod, txt_mod, single_mod = mods
+        ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
+        pe = self._rope(ids, img.device)
+        img = self.img_in(img)
+        txt = self.txt_in(ctx.to(img.dtype))
+        for i, block in enumerate(self.double_blocks):
+            kv = cache.double[i] if cache is not None else None
+            img, txt = block(img, txt, img_mod, txt_mod, pe, kv=kv)
+            img, txt = _fp16_safe(img), _fp16_safe(txt)
+        num_txt = txt.shape[1]
+        h = torch.cat([txt, img], dim=1)
+        for i, block in enumerate(self.single_blocks):
+            kv = cache.single[i] if cache is not None else None
+            h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv))
+        return self.comm.gather_tokens(h[:, num_txt:])
+
+
+@dataclass
+class Flux2Model:
+    """A loaded DiT with what was learned about it: its variant, the name of its shape, and the LoRAs to
+    apply (at compute time, while it samples) on top of its weights."""
+
+    transformer: Flux2Transformer
+    variant: Variant
+    name: str  # e.g. "klein 9B"
+    loras: tuple = ()  # lora.Lora objects, applied in order
+
+    def with_lora(self, lora) -> Flux2Model:
+        """The same model (its weights shared, never copied) with ``lora`` added after the others."""
+        return replace(self, loras=(*self.loras, lora))
+
+    @property
+    def config(self) -> Flux2Config:
+        return self.transformer.config
+
+
+def compile_blocks(net: Flux2Transformer) -> None:
+    """Compile every block with ``torch.compile`` (in place): the first step of each new size pays the
+    compilation, later steps run the fused kernels. Needs a working compiler toolchain (Triton on a GPU, a C++
+    compiler on the CPU)."""
+    for block in net.blocks():
+        block.compile()
+
+
+def _fp16_safe(x: torch.Tensor) -> torch.Tensor:
+    """float16 overflows in the residual stream of large blocks: clip to its range (as diffusers does)."""
+    return x.clip(-65504, 65504) if x.dtype == torch.float16 else x

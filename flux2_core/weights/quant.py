@@ -1,0 +1,358 @@
+"""Quantised checkpoints: which layers of a file are quantised, in which format, and their dequantisation.
+
+A layer ``P`` is quantised exactly when the file says so, in this order (the first that applies wins):
+
+1. ``_quantization_metadata`` in the safetensors header: ``{"layers": {"P": {"format": ...}}}``, over
+2. ``P.comfy_quant`` tensors (the UTF-8 bytes of the same JSON object; a header entry overrides one);
+3. the legacy ``scaled_fp8`` marker: every layer with ``P.scale_weight`` is fp8;
+4. a ``P.weight`` stored as float8 with no marker: fp8 with scale 1 (plain, unscaled fp8 files);
+5. a GGUF block type (Q8_0, Q4_K, ...) for ``P.weight``.
+
+Everything else loads as stored and is cast to the compute dtype, which is what makes "mixed" files work.
+Formats and their dequantisation (``W`` is [out, in]; see the formats spec for the layouts):
+
+- ``float8_e4m3fn`` / ``float8_e5m2``: ``W = q * weight_scale`` (per tensor, or per row when it has ``out``
+  entries), both cast to the compute dtype first, as ComfyUI does;
+- ``int8_tensorwise``: ``W = q * weight_scale`` in float32 (per tensor or per row), then, with ConvRot, the
+  block-diagonal Hadamard rotation undone: ``W = (W.reshape(o, i/g, g) @ H_g^T).reshape(o, i)``;
+- ``nvfp4``: two E2M1 codes per byte, the even column in the HIGH nibble; one float8 scale per 16 inputs,
+  stored in the swizzled 128x4-tile layout; times the global ``weight_scale_2``; padded rows/columns sliced;
+- ``mxfp8``: float8 values times ``2^(E - 127)`` per 32 inputs (E8M0 bytes, same swizzle, E = 0 reads 0);
+- GGUF types: ``gguf_quants.dequantize`` (torch ports of ggml's formulas).
+
+``input_scale`` / ``scale_input`` are activation scales for fp8 matmuls and are not needed to dequantise.
+An unknown format is refused by name; bytes of a quantised layer are never read as if they were weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import Flux2Error
+from .checkpoint import tensor_dtype, tensor_shape
+from .gguf_quants import GGMLType, block_size, has_torch_kernel, type_name
+from .gguf_quants import dequantize as gguf_dequantize
+
+FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+FORMATS = (*FP8, "int8_tensorwise", "nvfp4", "mxfp8", "gguf")
+AUX_SUFFIXES = (
+    ".comfy_quant",
+    ".weight_scale",
+    ".weight_scale_2",
+    ".input_scale",
+    ".scale_weight",
+    ".scale_input",
+)
+STORED_ROLES = ("weight", "weight_scale", "weight_scale_2")  # what a quantised layer keeps in memory
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+_REFUSED = {
+    "convrot_w4a4": "packed int4 with ConvRot (convrot_w4a4)",
+    "float8_e4m3fn_rowwise": "row-wise fp8 from convert_to_quant",
+    "float8_e4m3fn_blockwise": "block-wise fp8 from convert_to_quant",
+}
+
+
+@dataclass(frozen=True)
+class QuantLayer:
+    """One quantised layer of a file: its format, the file keys of its tensors and their stored form."""
+
+    format: str
+    keys: dict[str, str]  # role ("weight", "weight_scale", "weight_scale_2") -> file key
+    stored: dict[str, tuple[tuple[int, ...], torch.dtype]] = field(
+        default_factory=dict
+    )  # role -> shape, dtype
+    shape: tuple[int, ...] = ()  # the logical weight shape (nvfp4 / mxfp8: padded rows and columns)
+    convrot: int = 0  # ConvRot group size g (int8), 0 without rotation
+    qtype: int = -1  # the GGML type of a GGUF tensor
+
+    @property
+    def label(self) -> str:
+        if self.format == "gguf":
+            return f"GGUF {type_name(self.qtype)}"
+        return self.format + (" + ConvRot" if self.convrot else "")
+
+    @property
+    def dequantizes_per_call(self) -> bool:
+        """Whether a linear layer can keep this storage and dequantise at compute time."""
+        return self.format != "gguf" or has_torch_kernel(self.qtype)
+
+    def stored_bytes(self) -> int:
+        return sum(math.prod(shape) * _itemsize(dtype) for shape, dtype in self.stored.values())
+
+
+def find_quantized(
+    names: dict[str, str], tensors: Mapping, metadata: Mapping[str, str], what: str
+) -> tuple[dict[str, QuantLayer], set[str]]:
+    """({layer: QuantLayer} by short layer name, the short keys that only describe quantisation)."""
+    weights = {short[: -len(".weight")]: file for short, file in names.items() if short.endswith(".weight")}
+    aux = {
+        short for short in names if short.endswith(AUX_SUFFIXES) or short.rsplit(".", 1)[-1] == "scaled_fp8"
+    }
+    markers = {}
+    for short in aux:
+        if short.endswith(".comfy_quant"):
+            markers[short[: -len(".comfy_quant")]] = _json(bytes(tensors[names[short]].tolist()), short, what)
+    header = metadata.get("_quantization_metadata")
+    if header:
+        layers = _json(header.encode(), "_quantization_metadata", what).get("layers", {})
+        index = {file[: -len(".weight")]: short for short, file in weights.items()} | {s: s for s in weights}
+        for layer, entry in layers.items():
+            short = _match_layer(layer, index)
+            if short is not None:
+                markers[short] = entry
+    legacy = not header and any(s.rsplit(".", 1)[-1] == "scaled_fp8" for s in aux)
+    found = {}
+    for short, file in weights.items():
+        entry = markers.get(short)
+        stored = tensor_dtype(tensors, file)
+        if isinstance(entry, dict):
+            params = entry.get("params") if isinstance(entry.get("params"), dict) else {}
+            fmt = entry.get("format", params.get("format"))
+            found[short] = _layer(short, str(fmt), {**params, **entry}, names, tensors, what)
+        elif legacy and short + ".scale_weight" in names:
+            fmt = "float8_e5m2" if stored == torch.float8_e5m2 else "float8_e4m3fn"
+            found[short] = _layer(short, fmt, {}, names, tensors, what)
+        elif stored in (torch.float8_e4m3fn, torch.float8_e5m2) and len(tensor_shape(tensors, file)) == 2:
+            # plain fp8 (scale 1, or a scale with no marker); 1-D fp8 tensors (norms) are simply cast
+            found[short] = _layer(short, str(stored).removeprefix("torch."), {}, names, tensors, what)
+        elif isinstance(stored, GGMLType):
+            found[short] = _gguf_layer(short, file, stored, tensors)
+        elif short + ".weight_scale" in names or short + ".scale_weight" in names:
+            raise Flux2Error(
+                f"{what}: {short} has a weight scale but no format marker and is stored as {stored}: the "
+                "file is in an unknown quantised layout; use the bf16, fp8 or GGUF release"
+            )
+    return found, aux
+
+
+def _layer(short, fmt, params, names, tensors, what) -> QuantLayer:
+    if fmt in _REFUSED or fmt not in FORMATS or fmt == "gguf":
+        kind = _REFUSED.get(fmt, f"the unknown quantisation format {fmt!r}")
+        raise Flux2Error(
+            f"{what}: layer {short} uses {kind}, which cannot be loaded: use the bf16, fp8 (float8_e4m3fn), "
+            "nvfp4, int8_tensorwise or GGUF release of the model"
+        )
+    keys = {"weight": names[short + ".weight"]}
+    for role, legacy in (("weight_scale", "scale_weight"), ("weight_scale_2", None)):
+        for name in (role, legacy):
+            if name and short + "." + name in names:
+                keys[role] = names[short + "." + name]
+                break
+    stored = {role: (tensor_shape(tensors, k), tensor_dtype(tensors, k)) for role, k in keys.items()}
+    shape, dtype = stored["weight"]
+
+    def bad(problem: str) -> Flux2Error:
+        return Flux2Error(f"{what}: {fmt} layer {short} {problem}: the file is corrupt or not a {fmt} file")
+
+    if len(shape) != 2:
+        raise bad(f"has a {len(shape)}-D weight {list(shape)}")
+    rows, cols = shape
+    scale = stored.get("weight_scale")
+    convrot = 0
+    if fmt in FP8 or fmt == "int8_tensorwise":
+        ok = (FP8[fmt], torch.uint8) if fmt in FP8 else (torch.int8,)
+        if dtype not in ok:
+            raise bad(f"stores its weight as {dtype}")
+        if fmt == "int8_tensorwise" and scale is None:
+            raise bad("has no weight_scale")
+        if scale is not None and math.prod(scale[0]) not in (1, rows):
+            raise bad(f"has a weight_scale of shape {list(scale[0])} (expected 1 or {rows} values)")
+        if fmt == "int8_tensorwise" and params.get("convrot"):
+            convrot = int(params.get("convrot_groupsize") or 256)
+            if convrot < 4 or 4 ** round(math.log(convrot, 4)) != convrot or cols % convrot:
+                raise bad(f"has a ConvRot group size {convrot} that is not a power of 4 dividing {cols}")
+        logical = (rows, cols)
+    else:  # nvfp4 / mxfp8: block scales in the swizzled 128x4 layout
+        block, per_byte = (16, 2) if fmt == "nvfp4" else (32, 1)
+        logical = (rows, cols * per_byte)
+        if scale is None or (fmt == "nvfp4" and "weight_scale_2" not in stored):
+            raise bad("lacks its block scales")
+        if dtype != (torch.uint8 if fmt == "nvfp4" else torch.float8_e4m3fn) or logical[1] % block:
+            raise bad(f"stores its weight as {dtype} {list(shape)}")
+        expected = (_roundup(rows, 128), _roundup(logical[1] // block, 4))
+        if tuple(scale[0]) != expected:
+            raise bad(f"has block scales of shape {list(scale[0])}, not the swizzled {list(expected)}")
+    stored = {role: value for role, value in stored.items() if role in STORED_ROLES}
+    return QuantLayer(fmt, keys, stored, logical, convrot)
+
+
+def _gguf_layer(short: str, file: str, qtype: GGMLType, tensors) -> QuantLayer:
+    shape = tensor_shape(tensors, file)
+    elements, nbytes = block_size(qtype.id)
+    raw = (*shape[:-1], shape[-1] // elements * nbytes)
+    return QuantLayer("gguf", {"weight": file}, {"weight": (raw, torch.uint8)}, tuple(shape), qtype=qtype.id)
+
+
+def dequantize(q: QuantLayer, stored: Mapping[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The layer's weight in ``dtype`` from its stored tensors (on their device), logical (padded) shape."""
+    w = stored["weight"]
+    scale = stored.get("weight_scale")
+    if q.format in FP8:
+        if w.dtype == torch.uint8:
+            w = w.view(FP8[q.format])
+        w = w.to(dtype)
+        return w if scale is None else w * _per_row(scale.to(dtype), w.shape[0])
+    if q.format == "int8_tensorwise":
+        w = w.to(torch.float32) * _per_row(scale.to(torch.float32), w.shape[0])
+        if q.convrot:
+            o, i, g = *w.shape, q.convrot
+            w = (w.reshape(o, i // g, g) @ hadamard(g, w.device).T).reshape(o, i)
+        return w.to(dtype)
+    if q.format == "nvfp4":
+        rows, cols = w.shape[0], w.shape[1] * 2
+        pairs = F.embedding(w.int(), _e2m1_pairs(dtype, w.device))  # [rows, cols/2, 2]: high nibble first
+        blocks = unswizzle(scale.view(torch.float8_e4m3fn) if scale.dtype == torch.uint8 else scale)
+        per_block = blocks[:rows, : cols // 16].to(dtype) * stored["weight_scale_2"].to(dtype)
+        values = pairs.reshape(rows, -1, 16) * per_block.unsqueeze(-1)
+        return values.reshape(rows, cols)
+    if q.format == "mxfp8":
+        exponents = unswizzle(scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale)
+        exponents = exponents[: w.shape[0], : w.shape[1] // 32].to(torch.int32)
+        factor = torch.where(exponents == 0, 0.0, torch.exp2(exponents.to(torch.float32) - 127))
+        values = w.to(torch.float32).reshape(w.shape[0], -1, 32) * factor.unsqueeze(-1)
+        return values.reshape(w.shape).to(dtype)
+    return gguf_dequantize(w, q.qtype, q.shape, dtype)
+
+
+def _e2m1_pairs(dtype: torch.dtype, device) -> torch.Tensor:
+    """[256, 2]: the two E2M1 values of each byte, the high nibble's first."""
+    lut = torch.tensor(_E2M1, dtype=dtype, device=device)
+    codes = torch.arange(256, device=device)
+    return torch.stack([lut[codes >> 4], lut[codes & 0x0F]], dim=-1)
+
+
+def unswizzle(stored: torch.Tensor) -> torch.Tensor:
+    """Block scales from the cuBLAS 128x4-tile layout to their logical [rows, blocks] (padded) order.
+
+    Logical S[r, k] sits at flat ``((r//128) * (K/4) + k//4) * 512 + (r%32) * 16 + ((r%128)//32) * 4 + k%4``.
+    """
+    rows, cols = stored.shape
+    tiles = stored.reshape(rows // 128, cols // 4, 32, 4, 4)  # (r//128, k//4, r%32, (r%128)//32, k%4)
+    return tiles.permute(0, 3, 2, 1, 4).reshape(rows, cols)
+
+
+def swizzle(scales: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``unswizzle``: logical [rows, blocks] scales (zero-padded to 128 x 4) -> stored."""
+    rows, cols = _roundup(scales.shape[0], 128), _roundup(scales.shape[1], 4)
+    padded = scales.new_zeros(rows, cols)
+    padded[: scales.shape[0], : scales.shape[1]] = scales
+    tiles = padded.reshape(rows // 128, 4, 32, cols // 4, 4)  # (r//128, (r%128)//32, r%32, k//4, k%4)
+    return tiles.permute(0, 3, 2, 1, 4).reshape(rows, cols)
+
+
+_HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def hadamard(g: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """ConvRot's H_g = kron(H4, ..., H4) / sqrt(g) (float32): symmetric, its own inverse."""
+    key = (g, str(device))
+    if key not in _HADAMARD:
+        h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float32)
+        h = torch.ones(1, 1)
+        while h.shape[0] < g:
+            h = torch.kron(h, h4)
+        _HADAMARD[key] = (h / math.sqrt(g)).to(device)
+    return _HADAMARD[key]
+
+
+def _per_row(scale: torch.Tensor, rows: int) -> torch.Tensor:
+    return scale.reshape(()) if scale.numel() == 1 else scale.reshape(rows, 1)
+
+
+def _match_layer(layer: str, index: dict[str, str]) -> str | None:
+    """The file's layer a header entry names, with or without a prefix on either side."""
+    parts = layer.split(".")
+    for i in range(len(parts)):
+        short = index.get(".".join(parts[i:]))
+        if short is not None:
+            return short
+    return None
+
+
+def _json(raw: bytes, where: str, what: str) -> dict:
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise Flux2Error(f"{what}: {where} is not valid JSON ({e}): the file is corrupt") from None
+    if not isinstance(value, dict):
+        raise Flux2Error(f"{what}: {where} is not a JSON object: the file is corrupt")
+    return value
+
+
+def _roundup(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _itemsize(dtype) -> int:
+    return dtype.itemsize if isinstance(dtype, torch.dtype) else 1  # bytes of a type torch lacks: 1 each
+
+
+class QuantWeight:
+    """The weight source of a quantised linear layer: its stored tensors, dequantised on the compute device
+    at every call and never written back (so LoRA patches land on a float copy, and memory stays near the
+    file's size)."""
+
+    def __init__(self, layer: QuantLayer, int8_matmul: bool = False):
+        self.layer = layer
+        self.int8_matmul = int8_matmul and layer.format == "int8_tensorwise"
+
+    def __repr__(self) -> str:
+        return f"QuantWeight({self.layer.label}{', W8A8' if self.int8_matmul else ''})"
+
+    def linear(self, layer, x: torch.Tensor) -> torch.Tensor | None:
+        """int8 layers of a DiT: the dynamic W8A8 matmul ComfyUI runs (activations quantised per row, int32
+        accumulation, both scales applied after); ``None`` (dequantise instead) elsewhere."""
+        if not self.int8_matmul:
+            return None
+        q, scale = layer.weight.to(x.device), layer._buffers["weight_scale"].to(x.device)
+        i, g = layer.in_features, self.layer.convrot
+        if g:
+            x = (x.reshape(-1, i // g, g) @ hadamard(g, x.device).to(x.dtype)).reshape(x.shape)
+        x2 = x.reshape(-1, i)
+        sx = (x2.abs().amax(-1, keepdim=True).float() / 127).clamp(min=1e-30)
+        xq = (x2 / sx.to(x2.dtype)).round().clamp(-128, 127).to(torch.int8)
+        try:
+            acc = torch._int_mm(xq, q.t())
+        except RuntimeError:  # shapes the int8 kernel does not take (e.g. a few rows on a GPU)
+            return None
+        y = (acc.float() * (sx * scale.float().reshape(1, -1))).to(x.dtype)
+        return y.reshape(*x.shape[:-1], q.shape[0])[..., : layer.out_features]
+
+    def weight(self, layer, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        stored = {"weight": layer.weight}
+        for role in STORED_ROLES[1:]:
+            if role in layer._buffers:
+                stored[role] = layer._buffers[role]
+        stored = {role: t.to(device, non_blocking=True) for role, t in stored.items()}
+        w = dequantize(self.layer, stored, dtype)
+        return w[: layer.out_features, : layer.in_features]
+
+
+def quantize_layer(layer, q: QuantLayer, what: str, int8_matmul: bool = False) -> None:
+    """Make a (meta-built) linear ``layer`` hold ``q``'s stored tensors and dequantise them per call
+    (``int8_matmul``: int8 layers multiply in int8 instead, as ComfyUI does for diffusion models)."""
+    rows, cols = q.shape[:2]
+    padded = (
+        q.format in ("nvfp4", "mxfp8")
+        and 0 <= rows - layer.out_features < 32
+        and 0 <= cols - layer.in_features < 32
+    )
+    if (rows, cols) != (layer.out_features, layer.in_features) and not padded:
+        raise Flux2Error(
+            f"{what}: {q.keys['weight']} holds a [{rows}, {cols}] weight where the model has "
+            f"[{layer.out_features}, {layer.in_features}]; the file is not a consistent checkpoint"
+        )
+    for role, (shape, dtype) in q.stored.items():
+        dtype = dtype if isinstance(dtype, torch.dtype) else torch.uint8  # bytes of a type torch lacks
+        tensor = torch.empty(shape, dtype=dtype, device="meta")
+        if role == "weight":
+            layer.weight = torch.nn.Parameter(tensor, requires_grad=False)
+        else:
+            layer.register_buffer(role, tensor)
+    layer.source = QuantWeight(q, int8_matmul)
