@@ -10,15 +10,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "flux2_core"
 HOST_MODULES = ("comfy", "comfy_api", "comfy_extras", "folder_paths", "server", "nodes", "latent_preview")
+CORE_FILES = sorted(CORE.rglob("*.py"))  # every subpackage, at any depth
+MAX_TOP_LEVEL_MODULES = 12  # the top of flux2_core is the way of the data; the rest lives in subpackages
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_the_walk_sees_every_subpackage():
+    packages = {module_name(p) for p in CORE_FILES if p.name == "__init__.py"}
+    assert {"flux2_core.dit", "flux2_core.vae", "flux2_core.text", "flux2_core.flux1"} <= packages
+    folders = {module_name(p.parent / "__init__.py") for p in CORE_FILES}
+    assert folders == packages, f"folders without __init__.py: {sorted(folders - packages)}"
 
 
 def test_core_imports_with_comfyui_blocked():
     # A module set to None in sys.modules makes any import of it fail, even one deep inside the core.
-    modules = sorted(p.stem for p in CORE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    modules = [module_name(p) for p in CORE_FILES if p.name != "__main__.py"]
     code = (
         "import importlib, sys\n"
         f"for name in {list(HOST_MODULES)!r}: sys.modules[name] = None\n"
-        f"for name in {modules!r}: importlib.import_module('flux2_core.' + name)\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
         "leaked = [m for m in sys.modules if m.split('.')[0] in {hosts!r} and sys.modules[m] is not None]\n"
         "assert not leaked, leaked\n"
     ).replace("{hosts!r}", repr(set(HOST_MODULES)))
@@ -30,8 +44,8 @@ def test_core_imports_with_comfyui_blocked():
 
 def test_core_source_names_no_host_module():
     # Also catches imports inside functions, which the import test above only sees when they run.
-    for path in CORE.glob("*.py"):
-        assert not host_imports(path), f"{path.name} imports {host_imports(path)}"
+    for path in CORE_FILES:
+        assert not host_imports(path), f"{path.relative_to(ROOT)} imports {host_imports(path)}"
 
 
 def test_only_nodes_host_imports_the_host():
@@ -43,9 +57,34 @@ def test_only_nodes_host_imports_the_host():
 
 
 def test_core_files_stay_one_concept_each():
-    for path in CORE.glob("*.py"):
+    for path in CORE_FILES:
         lines = len(path.read_text(encoding="utf-8").splitlines())
-        assert lines <= 400, f"flux2_core/{path.name} has {lines} lines: split it by concept"
+        assert lines <= 400, f"{path.relative_to(ROOT)} has {lines} lines: split it by concept"
+
+
+def test_the_top_level_stays_small():
+    top = sorted(p.name for p in CORE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} modules at the top of flux2_core: {top}"
+
+
+def test_no_import_circle_in_the_core():
+    # Module-level imports only (a function-level import runs after every module is loaded). A package's
+    # __init__ counts as a module of its own: importing ``a.b`` also runs ``a``'s __init__, unless ``a`` is
+    # a package the importing module itself lies in (then it is already being imported).
+    graph = {module_name(p): set(core_imports(p)) for p in CORE_FILES}
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for dep in sorted(graph.get(name, ())):
+            assert state.get(dep) != 1, "import circle: " + " -> ".join([*path, name, dep])
+            if dep not in state:
+                visit(dep, [*path, name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
 
 
 def test_nodes_use_only_what_the_core_exports():
@@ -59,6 +98,25 @@ def test_nodes_use_only_what_the_core_exports():
                 assert names <= set(flux2_core.__all__), (
                     f"nodes/{path.name}: {names - set(flux2_core.__all__)}"
                 )
+
+
+def core_imports(path: Path) -> list[str]:
+    """The core modules a file imports at module level (relative imports resolved; packages included)."""
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+        names = [target] if node.module else [f"{target}.{alias.name}" for alias in node.names]
+        for name in names:
+            parts = name.split(".")  # the module and the packages above it whose __init__ runs first
+            found += [".".join(parts[:i]) for i in range(2, len(parts) + 1)]
+    known = {module_name(p) for p in CORE_FILES}
+    own = module_name(path).split(".")
+    enclosing = {".".join(own[:i]) for i in range(1, len(own) + (path.name != "__init__.py"))}
+    return [name for name in found if name in known and name not in enclosing and name != module_name(path)]
 
 
 def host_imports(path: Path) -> list[str]:
