@@ -30,10 +30,11 @@ missing = [name for name in flux2_core.__all__ if not hasattr(flux2_core, name)]
 assert not missing, missing
 from flux2_core import *  # noqa: every public name
 import pkgutil, importlib
-modules = [m.name for m in pkgutil.walk_packages(flux2_core.__path__, "flux2_core.") if m.name != "flux2_core.__main__"]
+modules = [m.name for m in pkgutil.walk_packages(flux2_core.__path__, "flux2_core.")]
 for name in modules:
-    importlib.import_module(name)
-print(f"installed flux2_core at {where.parent}: {len(flux2_core.__all__)} public names, {len(modules)} modules")
+    if name != "flux2_core.__main__":
+        importlib.import_module(name)
+print(f"installed {where.parent}: {len(flux2_core.__all__)} public names, {len(modules)} modules")
 """
 
 
@@ -49,7 +50,7 @@ def main() -> int:
     here = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        tree = tmp / "tree"  # the committed and staged files only: no build/ or egg-info left by a local build
+        tree = tmp / "tree"  # tracked files only: no build/ or egg-info of a local build
         files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
         for name in filter(None, files.decode().split("\0")):
             if (ROOT / name).is_file():
