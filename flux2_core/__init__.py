@@ -63,7 +63,7 @@ from .limits import (
     check_request,
     check_size,
 )
-from .lora.prepare import Lora, parse_block_strengths, prepare_lora, read_lora
+from .lora import Lora, parse_block_strengths, prepare_lora, read_lora
 from .references import (
     FIT_MODES,
     MAX_REFERENCE_PIXELS,

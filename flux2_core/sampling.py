@@ -26,7 +26,7 @@ from .errors import Flux2Error
 from .flow import StepCallback, euler, make_noise, pack, shifted_sigmas, start_from, truncate, unpack
 from .hooks import before_each, calling
 from .limits import check_request
-from .lora.prepare import DIT, patched
+from .lora import DIT, patched
 from .references import ReferenceLatents
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from tiny_text import make_tiny_qwen3, write_comfy_file
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.rope import image_ids, text_ids
 from flux2_core.errors import Flux2Error
-from flux2_core.lora.prepare import applied, attach, detach, parse_block_strengths, prepare_lora, read_lora
+from flux2_core.lora import applied, attach, detach, parse_block_strengths, prepare_lora, read_lora
 from flux2_core.text.encoder import load_text_encoder
 
 CPU = torch.device("cpu")
@@ -508,11 +508,10 @@ def test_report_counts_unmatched_and_incomplete(tmp_path, net, base):
     assert report.incomplete == ["lora_unet_single_blocks_N_linear2"]
     assert report.family == "kohya / musubi (lora_unet_)" and report.kinds == ["LoRA"]
     assert report.ignored_tensors == ["some_random_tensor"]
-    text = report.text()
-    assert (
-        "1 of the file's 4 modules applied" in text
-        and "not matched: lora_unet_double_blocks_N_img_foo (x2)" in text
-    )
+    assert report.unmatched_count == 2
+    lines = report.text().splitlines()
+    assert lines[1].startswith("  diffusion model: 1 of the file's 4 modules applied here (1 layers)")
+    assert "  not matched (2 modules): lora_unet_double_blocks_N_img_foo (x2)" in lines
 
 
 def _refused(tmp_path, net, tensors, *needles, text_encoder=None):

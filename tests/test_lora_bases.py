@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 
 from flux2_core import SampleSettings, load_transformer, sample
-from flux2_core.lora.prepare import prepare_lora, read_lora
+from flux2_core.lora import prepare_lora, read_lora
 from flux2_core.ops import linears
 
 CPU = torch.device("cpu")
@@ -60,7 +60,7 @@ def test_lora_lands_on_the_dequantised_weight_and_comes_off_exactly(base, kind):
     before = {name: layers[name].compute_weight(torch.float32, CPU) for name in TARGETS}
     stored = {name: layers[name].weight.clone() for name in TARGETS}
     lora = prepare_lora(read_lora(lora_path), model.transformer, strength=0.7)
-    from flux2_core.lora.prepare import patched
+    from flux2_core.lora import patched
 
     with patched(model.transformer, "diffusion_model", [lora]):
         for name in TARGETS:

@@ -14,7 +14,7 @@ from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 from flux2_core import ReferenceLatents, SampleSettings, load_transformer, sample
 from flux2_core.devices.streaming import StreamedWeight, disable_streaming, enable_streaming, streamer_of
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
-from flux2_core.lora.prepare import DIT, Lora
+from flux2_core.lora import DIT, Lora
 from flux2_core.ops import PLAIN, LowRankPatch, linears
 from flux2_core.weights.quant import QuantWeight
 

@@ -220,7 +220,7 @@ def read_loras(values: list[str]) -> list[tuple[object, float]]:
     The strength follows the last ``:`` when that part is a number (``C:\\loras\\x.safetensors`` is a
     path).
     """
-    from ..lora.prepare import read_lora
+    from ..lora import read_lora
 
     loras = []
     for value in values:

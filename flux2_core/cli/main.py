@@ -172,7 +172,7 @@ def _generate(args: argparse.Namespace, fill: bool, ranks) -> list[Path]:
     from ..dit.files import DIT_SPEC, transformer_variant
     from ..dit.transformer import compile_blocks
     from ..limits import MAX_FILL_GUIDANCE, MAX_GUIDANCE, check_request, check_seed
-    from ..lora.prepare import prepare_lora
+    from ..lora import prepare_lora
     from ..references import MAX_REFERENCE_PIXELS, encode_references, processed_size
     from ..sampling import SampleSettings, check_conditioning, check_text_width, output_size, settings_numbers
     from ..text.encoder import load_text_encoder, text_encoder_spec_for

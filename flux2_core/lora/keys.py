@@ -18,9 +18,12 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..ops import linears
-from ..weights.keymaps import DIT, Part
+from ..weights.keymaps import DIT as DIT_KEYMAP
+from ..weights.keymaps import Part
 
 # Tensor-name endings -> what the tensor is. Longest first, so ".lora_B.weight" wins over ".lora_B".
+DIT, TE = "diffusion_model", "text_encoder"  # the two components a LoRA changes (``Alias.domain``)
+
 _SUFFIXES = {
     ".lora_up.weight": "up",
     ".lora_down.weight": "down",
@@ -77,7 +80,7 @@ class Alias:
     runs), ``flux1`` or ``dev`` (a module only FLUX.1 or FLUX.2 [dev] has).
     """
 
-    domain: str  # "diffusion_model" or "text_encoder"
+    domain: str  # DIT or TE
     placements: tuple[tuple[str, Part | None, Part | None], ...]
     family: str
     local: str
@@ -170,12 +173,12 @@ def dit_aliases(transformer: nn.Module) -> dict[str, Alias]:
     for name, state in status.items():
         one = ((name, None, None),)
         for prefix, family in _BFL_FAMILIES:
-            table.add(prefix + name, Alias("diffusion_model", one, family, name, state))
+            table.add(prefix + name, Alias(DIT, one, family, name, state))
         table.add(
             "lora_unet_" + _under(name),
-            Alias("diffusion_model", one, "kohya / musubi (lora_unet_)", name, state),
+            Alias(DIT, one, "kohya / musubi (lora_unet_)", name, state),
         )
-        musubi = Alias("diffusion_model", one, "musubi converted (diffusion_model., _attn_)", name, state)
+        musubi = Alias(DIT, one, "musubi converted (diffusion_model., _attn_)", name, state)
         if "_attn." in name:
             table.add("diffusion_model." + name.replace("_attn.", "_attn_"), musubi)
         table.add("diffusion_model." + _under(name), musubi)
@@ -184,15 +187,15 @@ def dit_aliases(transformer: nn.Module) -> dict[str, Alias]:
     diffusers += [f"single_transformer_blocks.{i}.{m}" for i in range(MAX_SINGLE) for m in _DIFFUSERS_SINGLE]
     for name in [*_DIFFUSERS_GLOBAL, *diffusers, *_FLUX1_DIFFUSERS]:
         placements = tuple(
-            (p.target.removesuffix(".weight"), p.into, p.take) for p in DIT.lookup(name + ".weight")
+            (p.target.removesuffix(".weight"), p.into, p.take) for p in DIT_KEYMAP.lookup(name + ".weight")
         )
         state = "flux1" if name in _FLUX1_DIFFUSERS else status.get(placements[0][0])
         if state is None:
             continue  # a layer this model does not have under any name (e.g. a fused to_qkv we keep apart)
         for prefix, family in _DIFFUSERS_FAMILIES:
-            table.add(prefix + name, Alias("diffusion_model", placements, family, name, state))
+            table.add(prefix + name, Alias(DIT, placements, family, name, state))
         for prefix, family in _DIFFUSERS_UNDERSCORE_FAMILIES:
-            table.add(prefix + _under(name), Alias("diffusion_model", placements, family, name, state))
+            table.add(prefix + _under(name), Alias(DIT, placements, family, name, state))
     return table
 
 
@@ -227,10 +230,10 @@ def text_encoder_aliases(text_encoder: nn.Module | None) -> dict[str, Alias]:
             state = "ok" if i < count else "unused"
             one = ((name, None, None),)
             for prefix, family in _TE_DOTTED:
-                table.add(prefix + name, Alias("text_encoder", one, family, name, state))
+                table.add(prefix + name, Alias(TE, one, family, name, state))
             for prefix in _TE_UNDERSCORE:
                 family = f"kohya text encoder ({prefix.split('_model')[0]}_)"
-                table.add(prefix + _under(name), Alias("text_encoder", one, family, name, state))
+                table.add(prefix + _under(name), Alias(TE, one, family, name, state))
     return table
 
 

@@ -15,15 +15,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 
 from ..configs import describe
 from ..errors import Flux2Error
-from ..ops import linears
-from .keys import HIDDEN_NAMES, KLEIN_4B_BLOCKS, TEXT_WIDTH_NAMES
 
-GROUPS = ("double", "double.img", "double.txt", "single", "other", "all")
 GRAMMAR = (
     "GROUP[.N|.N-M]=VALUE, ... with GROUP one of double, double.img, double.txt, single, other, all "
     "(e.g. 'double=1.0, single.0-11=0.5, double.img.3=0, other=0')"
@@ -142,6 +138,7 @@ class LoraReport:
     text_encoder_matched: int = 0
     alpha: str = ""
     unmatched: list[str] = field(default_factory=list)  # grouped module names
+    unmatched_count: int = 0  # modules of the file that match no layer of any model we know
     unused_layers: list[str] = field(default_factory=list)
     incomplete: list[str] = field(default_factory=list)
     ignored_tensors: list[str] = field(default_factory=list)  # tensors of no known kind, or unsupported parts
@@ -157,7 +154,7 @@ class LoraReport:
         if self.multipliers and self.multipliers != {"all": "x1"}:
             lines.append("  block strengths: " + "; ".join(f"{k} {v}" for k, v in self.multipliers.items()))
         for label, items in (
-            ("not matched", self.unmatched),
+            (f"not matched ({self.unmatched_count} modules)", self.unmatched),
             ("unused layers (never run)", self.unused_layers),
             ("incomplete (one half missing)", self.incomplete),
             ("ignored tensors", self.ignored_tensors),
@@ -166,18 +163,6 @@ class LoraReport:
                 shown = ", ".join(items[:8]) + (f", ... ({len(items) - 8} more)" if len(items) > 8 else "")
                 lines.append(f"  {label}: {shown}")
         return "\n".join(lines)
-
-
-def not_a_lora(name: str, tensors: dict) -> Flux2Error:
-    what = (
-        "it looks like a model checkpoint" if any(k.endswith(".weight") for k in tensors) else "it is empty"
-    )
-    if tensors and not any(k.endswith(".weight") for k in tensors):
-        what = f"it holds other tensors (e.g. {sorted(tensors)[0]})"
-    return Flux2Error(
-        f"{name} is not a LoRA: it has no LoRA weights (lora_up/lora_down, lora_A/lora_B, LoKr, LoHa or "
-        f".diff tensors); {what}. Load a LoRA file here, and model checkpoints with the model loaders"
-    )
 
 
 def model_hidden(transformer) -> int:
@@ -189,69 +174,10 @@ def model_name(transformer) -> str:
     return describe(config) if config is not None else "this model"
 
 
-def wrong_size(name: str, mismatched: list, transformer) -> Flux2Error:
-    """Which model a LoRA whose shapes do not fit was made for, from the width its layers read."""
-    hidden = model_hidden(transformer)
-    layers = dict(linears(transformer))
-    widths = Counter(
-        got[1]
-        for _, target, _, got in mismatched
-        if target in layers and layers[target].in_features == hidden
-    )
-    key, target, expected, got = mismatched[0]
-    width = widths.most_common(1)[0][0] if widths else hidden
-    flux1 = any(
-        (t.endswith("linear1") and g[0] == 7 * width) or (t.endswith("mlp.0") and g[0] == 4 * width)
-        for _, t, _, g in mismatched
-    )
-    model = HIDDEN_NAMES.get(hidden) or model_name(transformer)
-    if flux1:
-        return Flux2Error(
-            f"{name} is a FLUX.1 LoRA (its {target} shapes are FLUX.1's): FLUX.1 LoRAs do not work on FLUX.2 "
-            f"[klein]; use a LoRA trained for {model}"
-        )
-    if width == hidden:
-        return Flux2Error(
-            f"{name} does not fit this model: its change to {target} ({key}) is {list(got)} but the layer is "
-            f"{list(expected)}; use a LoRA trained for {model_name(transformer)}"
-        )
-    made_for = HIDDEN_NAMES.get(width, f"a {width}-wide model")
-    return Flux2Error(
-        f"{name} is a LoRA for {made_for} (its layers are {width} wide), but the loaded model is {model} "
-        f"({hidden} wide): use a LoRA trained for {model}, or load the {made_for} model"
-    )
-
-
-def wrong_text_encoder(name: str, mismatched: list, text_encoder) -> Flux2Error:
-    key, target, expected, got = mismatched[0]
-    width = next((g[1] for _, t, _, g in mismatched if t.endswith("q_proj")), got[1])
-    ours = next(layer.in_features for n, layer in linears(text_encoder) if n.endswith("q_proj"))
-    made_for = TEXT_WIDTH_NAMES.get(width, f"a {width}-wide text encoder")
-    connected = TEXT_WIDTH_NAMES.get(ours, f"{ours} wide")
-    return Flux2Error(
-        f"{name} has text-encoder weights for {made_for}, but the connected text encoder is {connected} "
-        f"({target}: {list(got)} vs {list(expected)}): use a LoRA trained for the model you loaded"
-    )
-
-
-def too_deep(name: str, keys: list[str], aliases: dict, transformer) -> Flux2Error:
-    target = aliases[keys[0]].placements[0][0]
-    double, single = len(transformer.double_blocks), len(transformer.single_blocks)
-    deeper = (  # the block's own shapes were never compared: klein 9B (4096) and FLUX.1 (3072) both fit
-        "a model with more blocks (klein 9B, FLUX.1 or FLUX.2 [dev])"
-        if model_hidden(transformer) == 3072 and (double, single) == KLEIN_4B_BLOCKS
-        else "a deeper model"
-    )
-    return Flux2Error(
-        f"{name} changes {target} ({keys[0]}), but {model_name(transformer)} has only {double} double and "
-        f"{single} single blocks: it is a LoRA for {deeper}; use a LoRA trained for this model"
-    )
-
-
-def text_encoder_status(te_keys: set, found: dict) -> str:
-    unused = f" ({len(found['unused'])} for layers that never run)" if found["unused"] else ""
-    if found["te_off"]:
-        return f"{len(found['te_off'])} text encoder keys not applied (no text encoder connected){unused}"
+def text_encoder_status(te_keys: set, unused_keys: list, te_off: list) -> str:
+    unused = f" ({len(unused_keys)} for layers that never run)" if unused_keys else ""
+    if te_off:
+        return f"{len(te_off)} text encoder keys not applied (no text encoder connected){unused}"
     if te_keys:
         return f"{len(te_keys)} modules applied{unused}"
     return "no text-encoder keys" + unused

@@ -24,7 +24,7 @@ import torch
 from ..configs import FLUX2, preset_name
 from ..errors import Flux2Error
 from ..hooks import before_each, calling
-from ..lora.prepare import TE, patched
+from ..lora import TE, patched
 from ..weights.checkpoint import Checkpoint, open_checkpoint
 from ..weights.keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
 from ..weights.loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint, read_config
