@@ -33,14 +33,7 @@ from tiny_text import write_comfy_file as write_qwen3_file
 from flux2_core.configs import DEV_32B, KLEIN_4B, TEXT_ENCODER_FOR_CONTEXT
 from flux2_core.errors import Flux2Error
 from flux2_core.sampling import check_text_width
-from flux2_core.text.encoder import (
-    KLEIN_QWEN3,
-    QWEN3_4B,
-    QWEN3_SPEC,
-    load_text_encoder,
-    text_encoder_from_state_dict,
-    text_encoder_spec_for,
-)
+from flux2_core.text.encoder import load_text_encoder, text_encoder_from_state_dict, text_encoder_spec_for
 from flux2_core.text.mistral import (
     DEV_MISTRAL,
     MISTRAL_HIDDEN_LAYERS,
@@ -50,6 +43,7 @@ from flux2_core.text.mistral import (
     describe_mistral,
     load_tekken_folder,
 )
+from flux2_core.text.qwen3 import KLEIN_QWEN3, QWEN3_4B, QWEN3_SPEC
 from flux2_core.text.tekken import (
     MISTRAL_TEMPLATE,
     SYSTEM_MESSAGE,

@@ -398,7 +398,7 @@ def test_sharded_header_only_file_keeps_every_shards_layers(dit, tmp_path):
 
 
 def test_weight_bytes_counts_a_quantised_embedding_dequantised(tmp_path):
-    from flux2_core.text.encoder import QWEN3_SPEC
+    from flux2_core.text.qwen3 import QWEN3_SPEC
 
     tiny = make_tiny_qwen3(seed=8)
     tensors = model_tensors(tiny, lm_head=False)
@@ -421,7 +421,7 @@ def test_weight_bytes_counts_a_quantised_embedding_dequantised(tmp_path):
 
 def test_pairing_reads_text_widths_from_quantised_and_gguf_encoders(tmp_path):
     pytest.importorskip("gguf")
-    from flux2_core.text.encoder import QWEN3_SPEC
+    from flux2_core.text.qwen3 import QWEN3_SPEC
 
     tiny = make_tiny_qwen3(seed=9)
     tensors = model_tensors(tiny, lm_head=False)

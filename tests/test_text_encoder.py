@@ -23,16 +23,14 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from flux2_core.configs import TEXT_ENCODER_FOR_CONTEXT
 from flux2_core.errors import Flux2Error
-from flux2_core.text.encoder import (
+from flux2_core.text.encoder import TextEncoder, load_text_encoder, text_encoder_from_state_dict
+from flux2_core.text.qwen3 import (
     QWEN3_4B,
     QWEN3_8B,
     QWEN3_HIDDEN_LAYERS,
-    TextEncoder,
     build_qwen3,
     describe_qwen3,
-    load_text_encoder,
     read_qwen3_shape,
-    text_encoder_from_state_dict,
 )
 from flux2_core.text.tokenizer import HFTokenizer, QwenTokenizer, tokenize_prompts
 
