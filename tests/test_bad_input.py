@@ -407,7 +407,7 @@ def test_editing_arguments_are_checked_before_anything_is_loaded(files, tmp_path
     image = _png(tmp_path / "img.png", np.zeros((64, 96, 3), dtype=np.uint8))
     for extra, message in [
         (["--image", str(image), "--strength", "1.5"], "strength (denoise) is 1.5"),
-        (["--image", str(image)], "--width/--height do not apply with --image"),  # _argv gives 64x64
+        (["--image", str(image)], "--width 64 differs from the output's width 96"),  # _argv gives 64x64
     ]:
         caplog.clear()
         assert main(_argv(files, tmp_path / "o.png", *extra)) == 2

@@ -104,6 +104,17 @@ def test_img2img_at_full_strength_is_text_to_image_at_the_images_size(files, tmp
     assert not np.array_equal(_pixels(tmp_path / "c.png"), _pixels(tmp_path / "b4.png"))
 
 
+def test_width_and_height_that_repeat_the_images_size_are_accepted_and_change_nothing(files, tmp_path):
+    size = ["--width", "96", "--height", "64"]  # the photo's size
+    for name, edit in (
+        ("img2img", ["--image", str(files["image"])]),
+        ("inpaint", ["--image", str(files["image"]), "--mask", str(files["mask"])]),
+    ):
+        assert _run(files, tmp_path / f"{name}.png", *edit) == 0
+        assert _run(files, tmp_path / f"{name}-sized.png", *edit, *size) == 0
+        assert np.array_equal(_pixels(tmp_path / f"{name}.png"), _pixels(tmp_path / f"{name}-sized.png"))
+
+
 def test_several_prompts_give_one_output_each_equal_to_single_runs(files, tmp_path):
     prompts = (PROMPT, "a blue bird on a branch")
     assert _run(files, tmp_path / "many.png", "--width", "64", "--height", "64", prompts=prompts) == 0
@@ -123,7 +134,11 @@ def test_several_prompts_give_one_output_each_equal_to_single_runs(files, tmp_pa
             ["--image", "IMG", "--mask", "SMALL"],
             "is 64x64 but the image is 96x64: use a mask of the image's size",
         ),
-        (["--image", "IMG", "--mask", "MASK", "--width", "64"], "do not apply with --image"),
+        (
+            ["--image", "IMG", "--mask", "MASK", "--width", "64"],
+            "--width 64 differs from the output's width 96",
+        ),
+        (["--image", "IMG", "--height", "96"], "--height 96 differs from the output's height 64"),
         (["--image", "IMG", "--strength", "1.5"], "strength \\(denoise\\) is 1.5"),
     ],
 )
@@ -140,11 +155,11 @@ def test_bad_editing_requests_are_clear_errors(files, tmp_path, caplog, extra, m
 
 
 def test_the_kv_models_reference_pass_runs_once_for_every_prompt(files, tmp_path, monkeypatch):
-    import flux2_core.sampling as sampling
+    from flux2_core.cli import run  # the run's phase 5 calls it once, before the prompts' loop
 
     calls = []
-    real = sampling.encode_reference_kv
-    monkeypatch.setattr(sampling, "encode_reference_kv", lambda *a: calls.append(1) or real(*a))
+    real = run.encode_reference_kv
+    monkeypatch.setattr(run, "encode_reference_kv", lambda *a: calls.append(1) or real(*a))
     extra = ["--variant", "kv", "--reference", str(files["image"]), "--width", "64", "--height", "64"]
     assert _run(files, tmp_path / "kv.png", *extra, prompts=("one", "two", "three")) == 0
     assert len(calls) == 1 and len(list(tmp_path.glob("kv-*.png"))) == 3

@@ -1,8 +1,8 @@
 """The command line's FLUX.1 Fill [dev] run: ``generate --model FILL --text-encoder T5 --text-encoder CLIP
 --vae AE --image SRC --mask MASK --prompt TEXT`` (or ``--outpaint L,T,R,B`` instead of the mask).
 
-``cli.generate`` sends a run here when the DiT's tensors are FLUX.1's; the two text encoders are told apart by
-their own tensors, in any order. As for klein, everything that can be checked from file headers is checked
+``main.generate`` sends a run here when the DiT's tensors are FLUX.1's; the two text encoders are told apart
+by their own tensors, in any order. As for klein, everything that can be checked from file headers is checked
 before a weight is read: which file is which, the pairing of the DiT with the encoders and the VAE, and the
 memory. The text encoders run first and leave the device before the DiT samples.
 """
@@ -16,13 +16,23 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..dit.transformer import compile_blocks
 from ..errors import Flux2Error
 from ..flux1.config import DEFAULT_GUIDANCE, DEFAULT_STEPS
 from ..flux1.dit_files import FILL_SPEC, is_flux1_dit, load_fill_transformer
-from ..flux1.text import CLIP_FILE, CLIP_SPEC, T5_FILE, T5_SPEC, text_encoder_kind
-from ..flux1.vae import FILE_HINT, FLUX1_VAE_SPEC
+from ..flux1.encoders import load_fill_text_encoder
+from ..flux1.fill import fill_inputs
+from ..flux1.sampling import FillSettings, fill_activation_bytes, sample_fill
+from ..flux1.text import CLIP_FILE, CLIP_SPEC, T5_FILE, T5_SPEC, describe_clip, describe_t5, text_encoder_kind
+from ..flux1.transformer import Flux1FillModel
+from ..flux1.vae import FILE_HINT, FLUX1_VAE_SPEC, load_flux1_vae
+from ..limits import MAX_FILL_GUIDANCE, check_request
+from ..weights.checkpoint import open_checkpoint
+from ..weights.hub import parse
+from ..weights.keymaps import DIT_PREFIXES, strip_prefix
 from ..weights.loading import weight_bytes
 from . import inputs
+from .edit import composite_pixels
 
 log = logging.getLogger("flux2_core")
 
@@ -30,13 +40,8 @@ log = logging.getLogger("flux2_core")
 def is_flux1_model(path: str) -> bool:
     """Whether ``path`` holds a FLUX.1 DiT: from its key names alone for a local file or folder, from the
     repository's name (``black-forest-labs/FLUX.1-Fill-dev``) for a Hub id."""
-    from ..weights.checkpoint import open_checkpoint
-    from ..weights.keymaps import DIT_PREFIXES, strip_prefix
-
     local = Path(path).expanduser()
     if not local.exists():  # a Hub id: told by the repository's name, before anything is downloaded
-        from ..weights.hub import parse
-
         ref = parse(path)
         return ref is not None and "flux.1" in ref.repo_id.lower()
     return is_flux1_dit(strip_prefix(open_checkpoint(local, "transformer").tensors, DIT_PREFIXES))
@@ -83,17 +88,15 @@ def fill_text_encoders(values: list[str] | None) -> tuple[str, str]:
     return kinds["t5"], kinds["clip"]
 
 
-def generate_fill(args, edit, device: torch.device, dtype: torch.dtype, output: Path, tiles: dict, composite):
-    """Run Fill for every ``--prompt`` on the prepared ``edit`` (``cli.Edit``); returns the written files."""
-    from ..dit.transformer import compile_blocks
-    from ..flux1.encoders import load_fill_text_encoder
-    from ..flux1.fill import fill_inputs
-    from ..flux1.sampling import FillSettings, fill_activation_bytes, sample_fill
-    from ..flux1.text import describe_clip, describe_t5
-    from ..flux1.transformer import Flux1FillModel
-    from ..flux1.vae import load_flux1_vae
-    from ..limits import MAX_FILL_GUIDANCE, check_request
-
+def generate_fill(request) -> list[Path]:
+    """Run Fill for every ``--prompt`` of a checked ``run.Request``; returns the written files."""
+    args, edit, device, dtype, tiles = (
+        request.args,
+        request.edit,
+        request.device,
+        request.dtype,
+        request.tiles,
+    )
     steps = DEFAULT_STEPS if args.steps is None else args.steps
     guidance = DEFAULT_GUIDANCE if args.guidance is None else args.guidance
     width, height = edit.size
@@ -145,5 +148,7 @@ def generate_fill(args, edit, device: torch.device, dtype: torch.dtype, output: 
     for latents in results:
         with torch.inference_mode():
             decoded = torch.cat([vae.decode(item.to(device), **tiles).cpu() for item in latents.split(1)])
-        outputs.append(decoded if args.no_composite else composite(decoded, edit.stitch, args.mask_feather))
-    return inputs.save_images(outputs, output)
+        outputs.append(
+            decoded if args.no_composite else composite_pixels(decoded, edit.stitch, args.mask_feather)
+        )
+    return inputs.save_images(outputs, request.output)
