@@ -1,0 +1,115 @@
+"""Node schemas: what the graph editor needs to know about each node type a workflow uses.
+
+The pack's own nodes are read from their classes (``INPUT_TYPES``, ``RETURN_TYPES``, ``RETURN_NAMES`` and the
+display names), imported the way ComfyUI imports the folder, under the test suite's fake host
+(``tests/comfy_stubs.py``), so the workflows can never drift from the nodes. The few native ComfyUI nodes the
+workflows use are written below; the integration tests check them against a real server's ``/object_info``.
+Link inputs and widgets are listed in ``INPUT_TYPES`` order (required first, then optional).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}  # with a list of choices (COMBO): what the editor draws
+PACK_MODULE = "flux2_klein_workflow_schemas"  # the name the pack is imported under here
+
+
+@dataclass(frozen=True)
+class Socket:
+    name: str
+    type: str
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Widget:
+    name: str
+    type: str  # INT / FLOAT / STRING / BOOLEAN / COMBO / IMAGEUPLOAD (as the frontend names widget inputs)
+    optional: bool = False
+    control_after_generate: bool = False  # the frontend adds a "randomize"/"fixed" value after it
+    in_api: bool = True  # False for frontend-only widgets (LoadImage's upload button)
+    label: str | None = None  # the frontend's localized_name, when it is not the name
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    display_name: str
+    inputs: tuple[Socket, ...] = ()
+    widgets: tuple[Widget, ...] = ()
+    outputs: tuple[tuple[str, str], ...] = ()  # (name, type)
+    frontend_only: bool = False  # notes: never sent to the server
+
+
+def spec_of(node_class, display_name: str) -> NodeSpec:
+    """A node class's schema, from what ComfyUI reads of it."""
+    declared = node_class.INPUT_TYPES()
+    sockets, widgets = [], []
+    for section in ("required", "optional"):
+        for name, (kind, *rest) in declared.get(section, {}).items():
+            options = rest[0] if rest else {}
+            optional = section == "optional"
+            combo = isinstance(kind, (list, tuple))
+            if combo or kind in WIDGET_TYPES:
+                widget_type = "COMBO" if combo else kind
+                control = bool(options.get("control_after_generate"))
+                widgets.append(Widget(name, widget_type, optional, control))
+            else:
+                sockets.append(Socket(name, kind, optional))
+    names = getattr(node_class, "RETURN_NAMES", None) or node_class.RETURN_TYPES
+    outputs = tuple(zip(names, node_class.RETURN_TYPES))
+    return NodeSpec(display_name, tuple(sockets), tuple(widgets), outputs)
+
+
+def load_pack():
+    """(node specs, model-file table) of the pack, imported under the fake host and removed again."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from comfy_stubs import FakeHost
+    finally:
+        sys.path.remove(str(REPO / "tests"))
+    with tempfile.TemporaryDirectory() as models, FakeHost(Path(models)).installed():
+        spec = importlib.util.spec_from_file_location(
+            PACK_MODULE, REPO / "__init__.py", submodule_search_locations=[str(REPO)]
+        )
+        pack = importlib.util.module_from_spec(spec)
+        sys.modules[PACK_MODULE] = pack
+        try:
+            spec.loader.exec_module(pack)
+            specs = {
+                node_id: spec_of(cls, pack.NODE_DISPLAY_NAME_MAPPINGS[node_id])
+                for node_id, cls in pack.NODE_CLASS_MAPPINGS.items()
+            }
+            files = sys.modules[f"{PACK_MODULE}.nodes.model_files"].FILES
+        finally:
+            for name in [m for m in sys.modules if m == PACK_MODULE or m.startswith(PACK_MODULE + ".")]:
+                del sys.modules[name]
+    return specs, files
+
+
+NATIVE_SPECS: dict[str, NodeSpec] = {
+    "PreviewAny": NodeSpec("Preview Any", inputs=(Socket("source", "*"),), outputs=(("STRING", "STRING"),)),
+    "LoadImage": NodeSpec(
+        "Load Image",
+        widgets=(
+            Widget("image", "COMBO"),
+            Widget("upload", "IMAGEUPLOAD", in_api=False, label="choose file to upload"),
+        ),
+        outputs=(("IMAGE", "IMAGE"), ("MASK", "MASK")),
+    ),
+    "SaveImage": NodeSpec(
+        "Save Image",
+        inputs=(Socket("images", "IMAGE"),),
+        widgets=(Widget("filename_prefix", "STRING"),),
+        outputs=(("images", "IMAGE"),),
+    ),
+    "MarkdownNote": NodeSpec("Markdown Note", widgets=(Widget("text", "STRING"),), frontend_only=True),
+}
+
+PACK_SPECS, FILES = load_pack()
+NODE_SPECS: dict[str, NodeSpec] = {**PACK_SPECS, **NATIVE_SPECS}
