@@ -1,8 +1,9 @@
-"""Per-block work without patching attributes: a forward pre-hook on each block, removed on exit.
+"""Per-block work for the length of one call: a forward pre-hook on each block, removed on exit.
 
-The DiT's blocks and the text encoder's decoder layers take the same hooks; interruption uses them today,
-and any work that must happen right before a block runs (moving its weights in, for streaming) fits the same
-place.
+Interruption uses it: a cancel is checked before each of the DiT's blocks and each of the text encoders'
+decoder layers. Streaming (``devices.streaming``) and the block split (``devices.placement``)
+register their own hooks instead, because theirs stay for as long as the model is streamed or split (across
+calls, not for one) and streaming also needs a hook after each block (to drop the copy it moved in).
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class Flux2KleinOutpaintPad:
     RETURN_NAMES = ("image", "mask")
     OUTPUT_TOOLTIPS = (
         "The larger canvas.",
-        "1 on the new area, fading to 0 over feather pixels into the image.",
+        "1 on the new area, fading to 0 over feather pixels into the image (0 on the image with feather 0).",
     )
     FUNCTION = "pad"
 
@@ -179,7 +179,13 @@ class Flux2KleinOutpaintPad:
                 "image": socket(types.IMAGE, "The image to extend."),
                 **sides,
                 "feather": socket(
-                    "INT", "Pixels over which the mask fades into the image.", default=24, min=1, max=512
+                    "INT",
+                    "Pixels over which the mask fades into the image; 0 gives a hard edge (then set "
+                    "FLUX.2 Composite's feather to 0 too, so the new area's seam is not blended with the "
+                    "grey canvas).",
+                    default=24,
+                    min=0,
+                    max=512,
                 ),  # fmt: skip
             }
         }

@@ -292,3 +292,18 @@ def test_a_bad_mask_shape_is_a_clear_error_in_the_core(weights):
     with pytest.raises(Flux2Error, match="the inpaint mask has shape \\[1, 16, 3\\]"):
         sample(model, _embeds(0), SampleSettings(64, 64, 2, 1.0, 0), start=torch.zeros(1, 128, 4, 4),
                mask=torch.ones(1, 16, 3))  # fmt: skip
+
+
+def test_an_outpaint_with_a_hard_edge_keeps_the_original_exactly():
+    # feather 0 (native ImagePadForOutpaint allows it too): the mask is 1 on the new area and 0 on the image
+    image = torch.rand(64, 80, 3)
+    canvas, mask = outpaint_canvas(image, 16, 0, 32, 0, feather=0)
+    assert torch.equal(mask[:, 16:96], torch.zeros(64, 80))
+    assert mask[:, :16].eq(1).all() and mask[:, 96:].eq(1).all()
+    pixels, _, stitch = prepare_inpaint(canvas, mask)
+    painted = torch.ones_like(pixels)  # the model paints white
+    out = composite(painted, stitch, 0)
+    assert torch.equal(out[:, 16:96], image)  # the original, exactly
+    assert torch.equal(out[:, :16], torch.ones(64, 16, 3)) and torch.equal(out[:, 96:], torch.ones(64, 32, 3))
+    # a feathered composite ramps inside the mask only: the original stays exact
+    assert torch.equal(composite(painted, stitch, 8)[:, 16:96], image)

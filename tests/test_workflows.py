@@ -1,8 +1,9 @@
 """The bundled workflows (editor and API format) and the headless client's pure parts. No ComfyUI needed.
 
-The node contract below is written out independently of scripts/build_workflows.py on purpose: the generator
-and this table must agree, and both must agree with the nodes (checked against a real server's /object_info
-by the ComfyUI integration tests).
+The workflows are read against the node contract (tests/node_contract.py), which the node classes are held to
+(test_nodes.py, test_nodes_fill.py, and a real server's /object_info in the integration tests), while the
+generator reads the node classes themselves: a node that changes without its contract fails there, and a
+generator that drifts from either fails here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from node_contract import CONTRACT as NODE_CONTRACT
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO / "workflows"
@@ -37,120 +39,17 @@ client = _load_script("klein_client")
 # ---------------------------------------------------------------------------------------------------------
 # The contract: link inputs (name -> type, required?), widgets in order, outputs (types in order).
 
-MODEL, TE, VAE = "FLUX2_KLEIN_MODEL", "FLUX2_KLEIN_TEXT_ENCODER", "FLUX2_KLEIN_VAE"
-COND, REFS = "FLUX2_KLEIN_CONDITIONING", "FLUX2_KLEIN_REFERENCES"
-STITCH = "FLUX2_KLEIN_STITCH"
-FILL_MODEL, FILL_TE, FILL_VAE = "FLUX1_FILL_MODEL", "FLUX1_FILL_TEXT_ENCODER", "FLUX1_FILL_VAE"
-FILL_COND = "FLUX1_FILL_CONDITIONING"
-
+# The pack's nodes as the editor lists them: link inputs {name: (type, required)}, widgets in order, outputs.
 CONTRACT = {
-    "Flux2KleinModelLoader": {
-        "inputs": {},
-        "widgets": ["model_name", "variant", "weight_dtype", "offload", "resident_mb", "devices"],
-        "outputs": [MODEL],
-    },
-    "Flux2KleinTextEncoderLoader": {
-        "inputs": {},
-        "widgets": ["text_encoder_name", "device"],
-        "outputs": [TE],
-    },
-    "Flux2KleinVAELoader": {"inputs": {}, "widgets": ["vae_name"], "outputs": [VAE]},
-    "Flux2KleinTextEncode": {"inputs": {"text_encoder": (TE, True)}, "widgets": ["text"], "outputs": [COND]},
-    "Flux2KleinReferenceEncode": {
-        "inputs": {"vae": (VAE, True), "image": ("IMAGE", True), "references": (REFS, False)},
-        "widgets": ["max_megapixels", "resize", "tile_size", "tile_overlap"],
-        "outputs": [REFS],
-    },
-    "Flux2KleinSampler": {
-        "inputs": {
-            "model": (MODEL, True),
-            "positive": (COND, True),
-            "negative": (COND, False),
-            "references": (REFS, False),
-            "latent": ("LATENT", False),
-        },
-        "widgets": ["seed", "steps", "guidance", "width", "height", "batch_size", "denoise", "kv_cache"],
-        "control_after_generate": ["seed"],
-        "outputs": ["LATENT"],
-    },
-    "Flux2KleinDecode": {
-        "inputs": {"vae": (VAE, True), "latent": ("LATENT", True)},
-        "widgets": ["tile_size", "tile_overlap"],
-        "outputs": ["IMAGE"],
-    },
-    "Flux2KleinEncode": {
-        "inputs": {"vae": (VAE, True), "image": ("IMAGE", True)},
-        "widgets": [],
-        "outputs": ["LATENT"],
-    },
-    "Flux2KleinInpaintPrepare": {
-        "inputs": {
-            "vae": (VAE, True),
-            "image": ("IMAGE", True),
-            "mask": ("MASK", True),
-            "references": (REFS, False),
-        },
-        "widgets": ["grow_mask", "crop_to_mask", "context"],
-        "outputs": ["LATENT", REFS, STITCH],
-    },
-    "Flux2KleinComposite": {
-        "inputs": {"image": ("IMAGE", True), "stitch": (STITCH, True)},
-        "widgets": ["feather"],
-        "outputs": ["IMAGE"],
-    },
-    "Flux2KleinOutpaintPad": {
-        "inputs": {"image": ("IMAGE", True)},
-        "widgets": ["left", "top", "right", "bottom", "feather"],
-        "outputs": ["IMAGE", "MASK"],
-    },
-    "Flux2KleinLoraLoader": {
-        "inputs": {"model": (MODEL, True), "text_encoder": (TE, False)},
-        "widgets": ["lora_name", "strength", "block_strengths"],
-        "outputs": [MODEL, "STRING", TE],
-    },
-    "Flux1FillModelLoader": {
-        "inputs": {},
-        "widgets": ["model_name", "weight_dtype"],
-        "outputs": [FILL_MODEL],
-    },
-    "Flux1FillTextEncoderLoader": {
-        "inputs": {},
-        "widgets": ["t5_name", "clip_name", "device"],
-        "outputs": [FILL_TE],
-    },
-    "Flux1FillVAELoader": {"inputs": {}, "widgets": ["vae_name"], "outputs": [FILL_VAE]},
-    "Flux1FillTextEncode": {
-        "inputs": {"text_encoder": (FILL_TE, True)},
-        "widgets": ["text"],
-        "outputs": [FILL_COND],
-    },
-    "Flux1FillSampler": {
-        "inputs": {
-            "model": (FILL_MODEL, True),
-            "positive": (FILL_COND, True),
-            "vae": (FILL_VAE, True),
-            "image": ("IMAGE", True),
-            "mask": ("MASK", True),
-        },
-        "widgets": [
-            "seed",
-            "steps",
-            "guidance",
-            "denoise",
-            "grow_mask",
-            "crop_to_mask",
-            "context",
-            "batch_size",
-        ],
-        "control_after_generate": ["seed"],
-        "outputs": ["LATENT", STITCH],
-    },
-    "Flux1FillDecode": {
-        "inputs": {"vae": (FILL_VAE, True), "latent": ("LATENT", True)},
-        "widgets": ["tile_size", "tile_overlap"],
-        "outputs": ["IMAGE"],
-    },
+    node_id: {
+        "inputs": node.sockets,
+        "widgets": node.widgets,
+        "outputs": list(node.outputs),
+        "control_after_generate": list(node.control_after_generate),
+    }
+    for node_id, node in NODE_CONTRACT.items()
 }
+# The native nodes the workflows use (checked against a real server's /object_info by test_server.py).
 NATIVE = {
     "PreviewAny": {"inputs": {"source": ("*", True)}, "widgets": [], "outputs": ["STRING"]},
     # the upload button is frontend-only: kept in widgets_values ("image"), never sent to the server
@@ -882,3 +781,20 @@ def test_lora_workflow_wiring():
     assert _link(wf, lora, "model") == ("Flux2KleinModelLoader", 0)
     assert _link(wf, lora, "text_encoder") == ("Flux2KleinTextEncoderLoader", 0)
     assert lora["inputs"]["strength"] == 1.0 and lora["inputs"]["lora_name"].endswith(".safetensors")
+
+
+def test_the_generator_reads_the_contract_from_the_node_classes():
+    # the generator's schemas come from the node classes: they must be the contract, input by input
+    specs = build_workflows.NODE_SPECS
+    assert {k for k in specs if k.startswith(("Flux2Klein", "Flux1Fill"))} == set(NODE_CONTRACT)
+    for node_id, node in NODE_CONTRACT.items():
+        spec = specs[node_id]
+        assert spec.display_name == node.display, node_id
+        assert {s.name: (s.type, not s.optional) for s in spec.inputs} == node.sockets, node_id
+        assert [w.name for w in spec.widgets] == node.widgets, node_id
+        assert [w.name for w in spec.widgets if not w.optional] == [
+            name for name in node.required_names if name in node.widgets
+        ], node_id
+        controls = [w.name for w in spec.widgets if w.control_after_generate]
+        assert controls == list(node.control_after_generate), node_id
+        assert [kind for _, kind in spec.outputs] == list(node.outputs), node_id

@@ -142,8 +142,6 @@ def _identify_t5(names: dict[str, str], checkpoint: Checkpoint) -> None:
     raise Flux2Error(f"{checkpoint.name} is {_what(keys)}, not a T5 encoder: choose {T5_FILE} here")
 
 
-_T5_EMBEDDINGS = ("shared.weight", "encoder.embed_tokens.weight")  # one module under two names
-
 T5_SPEC = ComponentSpec(
     what="T5 text encoder",
     component="text_encoder_2",
