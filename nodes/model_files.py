@@ -3,7 +3,8 @@
 One table for the loaders (an empty folder names the file to get and its link), the bundled workflows
 (their per-node ``models`` download entries, which ComfyUI's frontend offers when a file is missing) and
 the README. Links are those of ComfyUI's official klein, FLUX.2 [dev] and FLUX.1 Fill templates or the BFL
-repos; a file no known repo ships as a single file has no link rather than a guessed one. Sizes: klein's and
+repos (klein 9B-KV's follows the naming of BFL's other klein repos, as the official fp8 template's
+does); every file has a link, as the frontend's workflow schema requires. Sizes: klein's and
 dev's from the parameter counts (fp8: one byte per weight), FLUX.1's as published (bf16 DiT, fp16 T5, fp32
 VAE). Nothing in the pack downloads by itself. Imports nothing, so scripts can read it without ComfyUI.
 """
@@ -19,7 +20,7 @@ HF = "https://huggingface.co"
 class ModelFile:
     name: str
     folder: str  # ComfyUI models sub-folder
-    url: str | None  # direct download link
+    url: str  # direct download link (https)
     repo: str  # "org/name" on the Hugging Face Hub
     licence: str
     size_gb: float
@@ -63,14 +64,18 @@ FILES = {
         ModelFile("flux-2-klein-base-9b.safetensors", "diffusion_models",
                   f"{HF}/black-forest-labs/FLUX.2-klein-base-9B/resolve/main/flux-2-klein-base-9b.safetensors",
                   "black-forest-labs/FLUX.2-klein-base-9B", FLUX_NC, 18.2, "klein 9B base"),
-        ModelFile("flux-2-klein-9b-kv.safetensors", "diffusion_models", None,
-                  "black-forest-labs/FLUX.2-klein-9b-kv", FLUX_NC, 18.2, "klein 9B-KV"),
+        ModelFile("flux-2-klein-9b-kv.safetensors", "diffusion_models",
+                  f"{HF}/black-forest-labs/FLUX.2-klein-9b-kv/resolve/main/flux-2-klein-9b-kv.safetensors",
+                  "black-forest-labs/FLUX.2-klein-9b-kv", FLUX_NC, 18.2, "klein 9B-KV (gated)"),
         ModelFile("qwen_3_4b.safetensors", "text_encoders",
                   _comfy("Comfy-Org/flux2-klein", "text_encoders", "qwen_3_4b.safetensors"),
                   "Comfy-Org/flux2-klein", APACHE, 8.0, "Qwen3-4B, for every 4B model"),
-        ModelFile("qwen_3_8b.safetensors", "text_encoders", None, "Qwen/Qwen3-8B", APACHE, 16.4,
-                  "Qwen3-8B, for every 9B model: no repo ships it as one file; put the repo's folder (its "
-                  "shards, index and config.json) in models/text_encoders and pick any of its shards"),
+        ModelFile("qwen_3_8b.safetensors", "text_encoders",
+                  _comfy("Comfy-Org/vae-text-encorder-for-flux-klein-9b", "text_encoders",
+                         "qwen_3_8b.safetensors"),
+                  "Comfy-Org/vae-text-encorder-for-flux-klein-9b", APACHE, 16.4,
+                  "Qwen3-8B, for every 9B model (or the folder of Qwen/Qwen3-8B in models/text_encoders: "
+                  "pick any of its shards)", also=("Qwen/Qwen3-8B",)),
         ModelFile("flux2-vae.safetensors", "vae",
                   _comfy("Comfy-Org/flux2-dev", "vae", "flux2-vae.safetensors"),
                   "Comfy-Org/flux2-dev", APACHE, 0.17, "the FLUX.2 VAE, for every model"),

@@ -242,9 +242,10 @@ def test_loaders_name_their_model_files(name):
         assert len(models) == len(widgets)  # one download entry per file the loader reads
         for widget, model in zip(widgets, models):
             filename = editor_widget_values(node)[widget]
+            # the frontend's workflow schema requires name, directory and url in every entry
+            assert sorted(model) == ["directory", "name", "url"], model
             assert model["name"] == filename and model["directory"] == folders[widget]
-            if "url" in model:
-                assert model["url"].startswith(official) and model["url"].endswith("/" + filename)
+            assert model["url"].startswith(official) and model["url"].endswith("/" + filename)
             assert f"`{filename}`" in note and f"`models/{folders[widget]}`" in note
 
 

@@ -56,9 +56,7 @@ The LoRA also reaches the text encoder when it has text-encoder keys. Chain load
 def file_rows(names) -> str:
     """The note's table rows: file, folder, repos and licence, direct link."""
     return "\n".join(
-        f"| `{f.name}` | `models/{f.folder}` | {f.source}"
-        + (f", [direct link]({f.url})" if f.url else "")
-        + " |"
+        f"| `{f.name}` | `models/{f.folder}` | {f.source}" + f", [direct link]({f.url})" + " |"
         for f in (FILES[name] for name in names)
     )
 

@@ -8,12 +8,7 @@ from .schemas import FILES
 
 def models_property(*filenames: str) -> list[dict]:
     """The frontend's download entries (name, url, directory) of ``filenames``."""
-    entries = []
-    for filename in filenames:
-        f = FILES[filename]
-        entry = {"name": f.name}
-        if f.url:
-            entry["url"] = f.url
-        entry["directory"] = f.folder
-        entries.append(entry)
-    return entries
+    return [
+        {"name": FILES[name].name, "url": FILES[name].url, "directory": FILES[name].folder}
+        for name in filenames
+    ]
