@@ -6,28 +6,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .flux2 import (
-    AUTO_TILES,
+from .flux2 import file_rows
+from .graph import Graph
+from .layout import (
     IMAGE_TITLES,
     LOADER_SIZE,
     MASK_NOTE,
-    NOTE_COLOR,
-    POSITIVE_COLOR,
     SEED,
-    X_DECODE,
     X_ENCODE,
     X_LOAD,
-    X_NOTE,
     X_SAMPLE,
-    X_SAVE,
-    file_rows,
+    finish,
+    loaders,
+    prompt,
 )
-from .graph import Graph
-from .models import models_property
-
-# ----------------------------------------------------------------------------------------------------
-# FLUX.1 Fill [dev]: inpaint and outpaint. The sampler prepares the image itself (grow, crop-to-mask) and
-# hands FLUX.2 Composite what it needs; outpainting goes through the same Outpaint Pad node.
 
 FILL_FILES = ("flux1-fill-dev.safetensors", "t5xxl_fp16.safetensors", "clip_l.safetensors", "ae.safetensors")
 FILL_STEPS, FILL_GUIDANCE = 50, 30.0
@@ -122,38 +114,15 @@ python scripts/klein_client.py --server http://127.0.0.1:8188 --workflow {api} \
 def build_fill(r: FillRecipe) -> Graph:
     g = Graph(r.name)
     dit, t5, clip, ae = FILL_FILES
-    model = g.add(
-        "Flux1FillModelLoader",
-        (X_LOAD, 0),
-        LOADER_SIZE,
-        {"model_name": dit, "weight_dtype": "default"},
-        properties={"models": models_property(dit)},
-    )
-    te = g.add(
-        "Flux1FillTextEncoderLoader",
-        (X_LOAD, 160),
-        (380, 130),
-        {"t5_name": t5, "clip_name": clip, "device": "default"},
-        properties={"models": models_property(t5, clip)},
-    )
-    vae = g.add(
-        "Flux1FillVAELoader",
-        (X_LOAD, 340),
-        (380, 82),
-        {"vae_name": ae},
-        properties={"models": models_property(ae)},
-    )
-    g.group("Models", model, te, vae)
-    positive = g.add(
-        "Flux1FillTextEncode",
-        (X_ENCODE, 0),
-        (440, 200),
-        {"text": r.prompt},
-        title="Prompt",
-        color=POSITIVE_COLOR[0],
-        bgcolor=POSITIVE_COLOR[1],
-    )
-    g.connect(te, positive, "text_encoder")
+    model, te, vae = loaders(
+        g,
+        ("Flux1FillModelLoader", (X_LOAD, 0), LOADER_SIZE,
+         {"model_name": dit, "weight_dtype": "default"}, (dit,)),
+        ("Flux1FillTextEncoderLoader", (X_LOAD, 160), (380, 130),
+         {"t5_name": t5, "clip_name": clip, "device": "default"}, (t5, clip)),
+        ("Flux1FillVAELoader", (X_LOAD, 340), (380, 82), {"vae_name": ae}, (ae,)),
+    )  # fmt: skip
+    positive = prompt(g, "Flux1FillTextEncode", r.prompt, te)
     g.group("Prompt", positive)
 
     y = 520
@@ -190,22 +159,5 @@ def build_fill(r: FillRecipe) -> Graph:
     g.connect(vae, sampler, "vae")
     g.connect(source, sampler, "image")
     g.connect(source, sampler, "mask", src_slot=1)
-    decode = g.add("Flux1FillDecode", (X_DECODE, 0), (260, 120), dict(AUTO_TILES))
-    g.connect(vae, decode, "vae")
-    g.connect(sampler, decode, "latent")
-    result = g.add("Flux2KleinComposite", (X_DECODE, 140), (260, 100), {"feather": 8}, title="Composite")
-    g.connect(decode, result, "image")
-    g.connect(sampler, result, "stitch", src_slot=1)
-    save = g.add("SaveImage", (X_SAVE, 0), (460, 500), {"filename_prefix": f"flux1_fill/{r.name}"})
-    g.connect(result, save, "images")
-    g.group("Generate", sampler, decode, result, save)
-    g.add(
-        "MarkdownNote",
-        (X_NOTE, 0),
-        (520, 680),
-        {"text": _fill_note(r)},
-        title="About this workflow",
-        color=NOTE_COLOR[0],
-        bgcolor=NOTE_COLOR[1],
-    )
+    finish(g, "Flux1FillDecode", vae, sampler, (sampler, 1), "flux1_fill", _fill_note(r))
     return g

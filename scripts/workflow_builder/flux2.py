@@ -6,17 +6,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .graph import Graph, Node
-from .models import models_property
+from .layout import (
+    AUTO_TILES,
+    IMAGE_TITLES,
+    LOADER_SIZE,
+    MASK_NOTE,
+    SEED,
+    X_ENCODE,
+    X_LOAD,
+    X_SAMPLE,
+    finish,
+    loaders,
+    prompt,
+)
 from .schemas import FILES
 
-SEED = 42  # the API workflows' fixed seed and the editor workflows' first one (then "randomize")
-
-AUTO_TILES = {"tile_size": 0, "tile_overlap": 64}  # the VAE tiles only what does not fit
-X_NOTE, X_LOAD, X_ENCODE, X_SAMPLE, X_DECODE, X_SAVE = 0, 560, 1000, 1500, 1880, 2200
-LOADER_SIZE = (380, 110)
-POSITIVE_COLOR = ("#232", "#353")  # ComfyUI's usual green / red for positive / negative prompts
-NEGATIVE_COLOR = ("#322", "#533")
-NOTE_COLOR = ("#222", "#000")
+VAE_FILE = "flux2-vae.safetensors"
 
 
 @dataclass(frozen=True)
@@ -134,35 +139,15 @@ python scripts/klein_client.py --server http://127.0.0.1:8188 --workflow {api} \
 
 def build(r: Recipe) -> Graph:
     g = Graph(r.name)
-    model = g.add(
-        "Flux2KleinModelLoader",
-        (X_LOAD, 0),
-        (380, 130),
-        {
-            "model_name": r.dit,
-            "variant": r.variant,
-            "weight_dtype": "default",
-            "offload": "none",
-            "resident_mb": 0,
-            "devices": "",
-        },
-        properties={"models": models_property(r.dit)},
-    )
-    te = g.add(
-        "Flux2KleinTextEncoderLoader",
-        (X_LOAD, 180),
-        LOADER_SIZE,
-        {"text_encoder_name": r.text_encoder, "device": "default"},
-        properties={"models": models_property(r.text_encoder)},
-    )
-    vae = g.add(
-        "Flux2KleinVAELoader",
-        (X_LOAD, 340),
-        (380, 82),
-        {"vae_name": "flux2-vae.safetensors"},
-        properties={"models": models_property("flux2-vae.safetensors")},
-    )
-    g.group("Models", model, te, vae)
+    model_values = {"model_name": r.dit, "variant": r.variant, "weight_dtype": "default", "offload": "none",
+                    "resident_mb": 0, "devices": ""}  # fmt: skip
+    model, te, vae = loaders(
+        g,
+        ("Flux2KleinModelLoader", (X_LOAD, 0), (380, 130), model_values, (r.dit,)),
+        ("Flux2KleinTextEncoderLoader", (X_LOAD, 180), LOADER_SIZE,
+         {"text_encoder_name": r.text_encoder, "device": "default"}, (r.text_encoder,)),
+        ("Flux2KleinVAELoader", (X_LOAD, 340), (380, 82), {"vae_name": VAE_FILE}, (VAE_FILE,)),
+    )  # fmt: skip
 
     if r.lora is not None:  # model and text encoder pass through the LoRA loader
         lora = g.add(
@@ -179,29 +164,11 @@ def build(r: Recipe) -> Graph:
         model, te_slot, te = lora, 2, lora
     else:
         te_slot = 0
-    positive = g.add(
-        "Flux2KleinTextEncode",
-        (X_ENCODE, 0),
-        (440, 200),
-        {"text": r.prompt},
-        title="Prompt",
-        color=POSITIVE_COLOR[0],
-        bgcolor=POSITIVE_COLOR[1],
-    )
-    g.connect(te, positive, "text_encoder", src_slot=te_slot)
+    positive = prompt(g, "Flux2KleinTextEncode", r.prompt, te, te_slot)
     prompt_nodes = [positive]
     negative = None
     if r.negative is not None:
-        negative = g.add(
-            "Flux2KleinTextEncode",
-            (X_ENCODE, 250),
-            (440, 140),
-            {"text": r.negative},
-            title="Negative prompt",
-            color=NEGATIVE_COLOR[0],
-            bgcolor=NEGATIVE_COLOR[1],
-        )
-        g.connect(te, negative, "text_encoder", src_slot=te_slot)
+        negative = prompt(g, "Flux2KleinTextEncode", r.negative, te, te_slot, negative=True)
         prompt_nodes.append(negative)
     g.group("Prompt", *prompt_nodes)
 
@@ -257,28 +224,8 @@ def build(r: Recipe) -> Graph:
     stitch = _edit_inputs(g, r, vae, refs, sampler)
     if refs is not None and stitch is None:
         g.connect(refs, sampler, "references")
-    decode = g.add("Flux2KleinDecode", (X_DECODE, 0), (260, 120), dict(AUTO_TILES))
-    g.connect(vae, decode, "vae")
-    g.connect(sampler, decode, "latent")
-    result, generate = decode, [sampler, decode]
-    if stitch is not None:
-        result = g.add("Flux2KleinComposite", (X_DECODE, 140), (260, 100), {"feather": 8}, title="Composite")
-        g.connect(decode, result, "image")
-        g.connect(stitch, result, "stitch", src_slot=2)
-        generate.append(result)
     prefix = "flux2_dev" if r.family == "dev" else "flux2_klein"
-    save = g.add("SaveImage", (X_SAVE, 0), (460, 500), {"filename_prefix": f"{prefix}/{r.name}"})
-    g.connect(result, save, "images")
-    g.group("Generate", *generate, save)
-    g.add(
-        "MarkdownNote",
-        (X_NOTE, 0),
-        (520, 680),
-        {"text": _note(r)},
-        title="About this workflow",
-        color=NOTE_COLOR[0],
-        bgcolor=NOTE_COLOR[1],
-    )
+    finish(g, "Flux2KleinDecode", vae, sampler, None if stitch is None else (stitch, 2), prefix, _note(r))
     return g
 
 
@@ -322,16 +269,6 @@ def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Nod
     g.group("Image to " + r.mode, *nodes, prepare)
     return prepare
 
-
-MASK_NOTE = (
-    "\n\nThe mask is the image's transparent area: paint it in the MaskEditor, or (headless) upload a PNG "
-    "whose pixels to repaint have alpha 0."
-)
-IMAGE_TITLES = {
-    "img2img": "Image to start from",
-    "inpaint": "Image to inpaint (paint the mask in the editor)",
-    "outpaint": "Image to extend",
-}
 
 FOX = (
     "A red fox curled up in fresh snow at sunrise, soft golden backlight, frost on its fur, "
