@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from workflow_builder.fill import FILL_RECIPES, build_fill  # noqa: E402  (the package beside this script)
-from workflow_builder.flux2 import RECIPES, build  # noqa: E402
+from workflow_builder.flux2 import build  # noqa: E402
+from workflow_builder.flux2_recipes import RECIPES  # noqa: E402
 from workflow_builder.formats import render, to_api, to_editor  # noqa: E402
 from workflow_builder.schemas import FILES, NODE_SPECS, REPO  # noqa: E402, F401  (FILES: read by the tests)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .flux2 import file_rows
 from .graph import Graph
 from .layout import (
     IMAGE_TITLES,
@@ -20,6 +19,7 @@ from .layout import (
     loaders,
     prompt,
 )
+from .notes import file_rows
 
 FILL_FILES = ("flux1-fill-dev.safetensors", "t5xxl_fp16.safetensors", "clip_l.safetensors", "ae.safetensors")
 FILL_STEPS, FILL_GUIDANCE = 50, 30.0

@@ -1,0 +1,267 @@
+"""The FLUX.2 workflows, one recipe each: klein 4B text-to-image (distilled, base), editing with one and
+several references, img2img, inpaint, outpaint, LoRA, 9B-KV editing, and FLUX.2 [dev] text-to-image and
+multi-reference editing."""
+
+from __future__ import annotations
+
+from .flux2 import Recipe
+
+FOX = (
+    "A red fox curled up in fresh snow at sunrise, soft golden backlight, frost on its fur, "
+    "shallow depth of field, wildlife photography"
+)
+DISTILLED_SETTINGS = (
+    "Distilled model: **4 steps, guidance 1.0** (no CFG, one model pass per step, so no negative prompt). "
+    "More steps rarely help. Width and height: multiples of 16, about 1–4 megapixels."
+)
+EDIT_SIZE = (
+    "Width and height are **0**, which means *the size of the first reference image* (after it is scaled to "
+    "at most `max_megapixels`, 1.0 by default, and to multiples of 16). Set them to a number to force a size."
+)
+
+RECIPES = (
+    Recipe(
+        name="flux2_klein_4b_lora",
+        title="FLUX.2 [klein] 4B: text to image with a LoRA",
+        summary="Text to image with the distilled klein 4B model and a LoRA on top (its report shown).",
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt=FOX,
+        settings=DISTILLED_SETTINGS,
+        lora="flux-2-klein-4b-lora.safetensors",
+    ),
+    Recipe(
+        name="flux2_klein_4b_text_to_image",
+        title="FLUX.2 [klein] 4B: text to image",
+        summary="Text to image with the distilled klein 4B model (Apache-2.0), the fastest klein.",
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt=FOX,
+        settings=DISTILLED_SETTINGS,
+    ),
+    Recipe(
+        name="flux2_klein_4b_base_text_to_image",
+        title="FLUX.2 [klein] 4B base: text to image",
+        summary=(
+            "Text to image with the undistilled klein 4B **base** model: slower (real classifier-free "
+            "guidance, two model passes per step) but more varied; the model to fine-tune or train LoRAs on."
+        ),
+        dit="flux-2-klein-base-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="base",
+        steps=50,
+        guidance=4.0,
+        prompt=FOX,
+        negative="",
+        settings=(
+            "Base model: **about 50 steps, guidance 4.0** (true CFG). The negative prompt is used; "
+            "an empty one is the usual choice. Fewer steps (20–30) give usable drafts."
+        ),
+    ),
+    Recipe(
+        name="flux2_klein_4b_edit",
+        title="FLUX.2 [klein] 4B: edit an image",
+        summary=(
+            "Edits one image following the prompt, with the distilled klein 4B model. "
+            "Load your image in *Reference image 1*."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt=(
+            "Turn this drawing into a photograph: a young woman with blonde hair in a pink dress standing on "
+            "a green meadow under a blue sky with white clouds. Keep the pose and the composition."
+        ),
+        references=1,
+        width=0,
+        height=0,
+        settings=f"{DISTILLED_SETTINGS}\n\n{EDIT_SIZE}",
+    ),
+    Recipe(
+        name="flux2_klein_4b_multi_reference_edit",
+        title="FLUX.2 [klein] 4B: combine several reference images",
+        summary=(
+            "Combines four reference images following the prompt (refer to them as image 1, 2, 3, 4), with "
+            "the distilled klein 4B model. The references are chained: each *Reference Encode* adds one "
+            "image, with its own pixel budget (`max_megapixels`) and fit (`crop`, or `resize` to keep the "
+            "whole picture). For more references, copy a *Load Image* + *Reference Encode* pair and chain "
+            "it (the sampler refuses, before it starts, a set that will not fit in memory); for fewer, "
+            "bypass (Ctrl+B) the last pairs' *Reference Encode* nodes or delete them."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt=(
+            "The person from image 1 wearing the outfit from image 2 and the hat from image 4, standing "
+            "in the place shown in image 3. Natural light, photorealistic."
+        ),
+        references=4,
+        width=0,
+        height=0,
+        settings=f"{DISTILLED_SETTINGS}\n\n{EDIT_SIZE} Every extra reference makes each step slower.",
+    ),
+    Recipe(
+        name="flux2_klein_9b_kv_edit",
+        title="FLUX.2 [klein] 9B-KV: fast reference editing",
+        summary=(
+            "Edits with one or two reference images using the klein **9B-KV** model, which computes the "
+            "references' attention keys/values once and reuses them at every step, so editing costs little "
+            "more than text to image. With the sampler's `kv_cache` on `reuse` (the default) they are also "
+            "kept across runs: queue again with a new prompt or seed and the references are not processed "
+            "again (same image as a fresh run; changing a reference, the model or its precision computes "
+            "them anew). For a single reference, bypass (Ctrl+B) or delete *Reference 2*."
+        ),
+        dit="flux-2-klein-9b-kv.safetensors",
+        text_encoder="qwen_3_8b.safetensors",
+        variant="kv",
+        steps=4,
+        guidance=1.0,
+        prompt=(
+            "Put the person from image 1 in the clothes from image 2. Keep the face, the pose and the "
+            "background of image 1."
+        ),
+        references=2,
+        width=0,
+        height=0,
+        settings=(
+            "9B-KV is distilled: **4 steps, guidance 1.0**. The 9B models need the Qwen3-8B text encoder "
+            "(`qwen_3_8b.safetensors`) and are under the FLUX non-commercial licence.\n\n" + EDIT_SIZE
+        ),
+    ),
+)
+
+
+RECIPES += (
+    Recipe(
+        name="flux2_klein_4b_img2img",
+        title="FLUX.2 [klein] 4B: image to image",
+        summary=(
+            "Redraws an image following the prompt, keeping its layout and colours: the sampler starts from "
+            "the image's latent instead of pure noise. Load your image in *Image to start from*."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt="A watercolour painting of the same scene, soft washes of colour, paper texture.",
+        width=0,
+        height=0,
+        mode="img2img",
+        denoise=0.75,
+        settings=(
+            f"{DISTILLED_SETTINGS}\n\n**denoise** sets how much changes: 1 ignores the image, lower keeps "
+            "more of it (0.75 skips the first of the 4 steps, 0.5 the first two). The output takes the "
+            "image's size, centre-cropped to multiples of 16."
+        ),
+    ),
+    Recipe(
+        name="flux2_klein_4b_inpaint",
+        title="FLUX.2 [klein] 4B: inpaint",
+        summary=(
+            "Repaints the masked part of an image following the prompt and puts the result back over the "
+            "original, so every pixel outside the mask stays exactly as it was. Load the image in *Image to "
+            "inpaint*, then right-click it and choose *Open in MaskEditor* to paint the area to repaint."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt="A small wooden table with a vase of red tulips.",
+        width=0,
+        height=0,
+        mode="inpaint",
+        settings=(
+            f"{DISTILLED_SETTINGS}\n\n*Inpaint Prepare* grows the mask by `grow_mask` pixels and passes the "
+            "image to the sampler twice: as the latent to keep outside the mask and as reference 1. With "
+            "`crop_to_mask` on, only the mask's box plus `context` pixels is sampled, enlarged up to 4x: "
+            "best for a small mask on a big picture. *Composite* blends the result in, `feather` pixels "
+            "inside the mask's edge."
+        ),
+    ),
+    Recipe(
+        name="flux2_klein_4b_outpaint",
+        title="FLUX.2 [klein] 4B: outpaint",
+        summary=(
+            "Extends an image beyond its borders following the prompt. *Outpaint Pad* adds the space (here "
+            "256 pixels on the right; any side, multiples of 16) and the mask, fading over `feather` pixels "
+            "into the original edge; the original pixels come back unchanged."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt="The same scene continued to the right, seamless, same light and style.",
+        width=0,
+        height=0,
+        mode="outpaint",
+        settings=f"{DISTILLED_SETTINGS}\n\nThe output is the padded canvas at its full size.",
+    ),
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# FLUX.2 [dev]: the same nodes, the dev DiT and its Mistral text encoder.
+
+DEV_DIT, DEV_TEXT_ENCODER = "flux2-dev.safetensors", "mistral_3_small_flux2_bf16.safetensors"
+DEV_SETTINGS = (
+    "FLUX.2 [dev]: **50 steps, guidance 4.0**. The guidance value is embedded in the model (guidance-"
+    "distilled): one model pass per step, no negative prompt. 28 steps is a good trade-off (BFL). Width and "
+    "height: multiples of 16, about 1–4 megapixels."
+)
+
+RECIPES += (
+    Recipe(
+        name="flux2_dev_text_to_image",
+        title="FLUX.2 [dev]: text to image",
+        summary=(
+            "Text to image with **FLUX.2 [dev]**, Black Forest Labs' 32B model (FLUX.2 [dev] non-commercial "
+            "licence), and its Mistral-Small-3.2-24B text encoder."
+        ),
+        dit=DEV_DIT,
+        text_encoder=DEV_TEXT_ENCODER,
+        variant="dev",
+        steps=50,
+        guidance=4.0,
+        prompt=FOX,
+        settings=DEV_SETTINGS,
+        family="dev",
+    ),
+    Recipe(
+        name="flux2_dev_multi_reference_edit",
+        title="FLUX.2 [dev]: combine several reference images",
+        summary=(
+            "Combines three reference images following the prompt (refer to them as image 1, 2, 3), with "
+            "FLUX.2 [dev]. The references are chained: each *Reference Encode* adds one image, with its own "
+            "pixel budget (`max_megapixels`) and fit (`crop`, or `resize` to keep the whole picture). For "
+            "more references (BFL recommends at most 6 for dev), copy a *Load Image* + *Reference Encode* "
+            "pair and chain it; for fewer, bypass (Ctrl+B) the last pair's *Reference Encode* or delete it."
+        ),
+        dit=DEV_DIT,
+        text_encoder=DEV_TEXT_ENCODER,
+        variant="dev",
+        steps=50,
+        guidance=4.0,
+        prompt=(
+            "The person from image 1 wearing the jacket from image 2, standing in the street shown in image "
+            "3. Natural light, photorealistic."
+        ),
+        references=3,
+        width=0,
+        height=0,
+        settings=f"{DEV_SETTINGS}\n\n{EDIT_SIZE} Every extra reference makes each step slower.",
+        family="dev",
+    ),
+)

@@ -1,0 +1,102 @@
+"""The note each FLUX.2 workflow carries: what it does, which file goes into which model folder (with the
+links), the recommended settings and how to queue it headless."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .layout import MASK_NOTE
+from .schemas import FILES
+
+if TYPE_CHECKING:  # the recipes' module imports this one
+    from .flux2 import Recipe
+
+LORA_NOTE = """
+
+## LoRA
+
+Put a LoRA trained for klein 4B into `models/loras` and pick it in the **LoRA Loader** (`strength` 1 = as
+trained). Every common layout loads: ai-toolkit, kohya / musubi-tuner, diffusers / PEFT, fal, OneTrainer,
+DiffSynth, LyCORIS LoKr / LoHa and DoRA. The **report** (shown by Preview Any) says how many of its keys
+matched and lists any that did not; a LoRA for another model (9B, FLUX.1, FLUX.2 [dev]) is refused by name.
+The LoRA also reaches the text encoder when it has text-encoder keys. Chain loaders for several LoRAs;
+`block_strengths` (e.g. `double=1.0, single.0-11=0.5`) scales it per block."""
+
+
+def file_rows(names) -> str:
+    """The note's table rows: file, folder, repos and licence, direct link."""
+    return "\n".join(
+        f"| `{f.name}` | `models/{f.folder}` | {f.source}" + f", [direct link]({f.url})" + " |"
+        for f in (FILES[name] for name in names)
+    )
+
+
+KLEIN_FILES_NOTE = (
+    "Pick them in the three loader nodes; a wrong pairing (4B needs Qwen3-4B, 9B needs Qwen3-8B) is reported "
+    "in\nplain words before sampling. Quantised releases of the same models load too (fp8, nvfp4, int8 and "
+    "GGUF files\nfor the model, fp8mixed and GGUF files for the text encoder) and stay quantised in memory."
+)
+
+DEV_FP8 = ("flux2_dev_fp8mixed.safetensors", "mistral_3_small_flux2_fp8.safetensors")
+DEV_FILES_NOTE = """Or the fp8 files, half the size (they stay fp8 in memory), in the same folders:
+
+| file | ComfyUI folder | where to get it |
+|---|---|---|
+{fp8}
+
+Pick them in the three loader nodes. The model is gated on the Hub (FLUX.2 [dev] non-commercial licence):
+accept its terms there first. Which model and text encoder a file holds is read from its weights: a klein
+model with the Mistral encoder, this model with a Qwen3 encoder, or a FLUX.1 file (`t5xxl_fp16.safetensors`,
+`clip_l.safetensors`) is refused by name, with the right file, before sampling.
+
+## Memory and GPUs
+
+The bf16 model holds {dit:g} GB, its text encoder {te:g} GB (fp8: {dit8:g} and {te8:g} GB). The text encoder
+runs first and leaves the GPU before sampling. On **two 40-48 GB cards**, set the model loader's `devices` to
+`cuda:0,cuda:1`: its blocks are split between the cards by weight bytes (about 32 GB each in bf16) and run one
+after the other, the activations moved between them (the log says what each card holds). The text encoder
+loader's `device` can put the encoder on a card of its own (e.g. `cuda:2`), where it stays between prompts.
+One 48 GB card runs the fp8 model."""
+
+
+def files_note(r: Recipe) -> str:
+    if r.family != "dev":
+        return KLEIN_FILES_NOTE
+    fp8 = [FILES[name] for name in DEV_FP8]
+    dit, te = FILES[r.dit], FILES[r.text_encoder]
+    return DEV_FILES_NOTE.format(
+        fp8=file_rows(DEV_FP8), dit=dit.size_gb, te=te.size_gb, dit8=fp8[0].size_gb, te8=fp8[1].size_gb
+    )
+
+
+def note(r: Recipe) -> str:
+    rows = file_rows([r.dit, r.text_encoder, "flux2-vae.safetensors"])
+    api = f"workflows/api/{r.name}.json"
+    names = [f"ref{i + 1}.png" for i in range(r.references)] + (["image.png"] if r.mode != "generate" else [])
+    images = " ".join(f"--image {name}" for name in names)
+    lora = LORA_NOTE if r.lora else ""
+    return f"""# {r.title}
+
+{r.summary}
+
+## Model files
+
+| file | ComfyUI folder | where to get it |
+|---|---|---|
+{rows}
+
+{files_note(r)}{lora}
+
+## Settings
+
+{r.settings}{MASK_NOTE if r.mode == "inpaint" else ""}
+
+## Headless
+
+The same graph in API format is `{api}`; queue it with
+
+```
+python scripts/klein_client.py --server http://127.0.0.1:8188 --workflow {api} \\
+    --prompt "..." {images} --output-dir out/
+```
+"""
