@@ -16,6 +16,8 @@ from PIL import Image, ImageOps
 
 from ..errors import Flux2Error
 from ..limits import check_fits
+from ..lora import read_lora
+from ..weights.hub import PAIRED_REPOS, MissingComponent, local_path, parse
 
 log = logging.getLogger("flux2_core")
 
@@ -27,8 +29,6 @@ IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"
 def companions(args: argparse.Namespace, context_width: int) -> tuple[str, str]:
     """The text encoder and VAE to use: as given, else from the model's own Hub repo when it has them, else
     from the official repo that pairs with the model's text width."""
-    from ..weights.hub import PAIRED_REPOS, MissingComponent, local_path, parse
-
     given = {"text_encoder": args.text_encoder, "vae": args.vae}
     if all(given.values()):
         return args.text_encoder, args.vae
@@ -220,8 +220,6 @@ def read_loras(values: list[str]) -> list[tuple[object, float]]:
     The strength follows the last ``:`` when that part is a number (``C:\\loras\\x.safetensors`` is a
     path).
     """
-    from ..lora import read_lora
-
     loras = []
     for value in values:
         path, strength = value, 1.0

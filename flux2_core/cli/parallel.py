@@ -14,7 +14,17 @@ import logging
 
 import torch
 
+from ..devices.parallel import (
+    broadcast_conditioning,
+    broadcast_references,
+    broadcast_tensor,
+    close_distributed,
+    init_distributed,
+)
+from ..devices.parallel_load import load_transformer_parallel, planned_weight_bytes
+from ..dit.files import load_transformer
 from ..errors import Flux2Error
+from . import inputs
 
 log = logging.getLogger("flux2_core")
 
@@ -38,8 +48,6 @@ class Ranks:
         return whole
 
     def load_transformer(self, path, variant: str, dtype: torch.dtype, keep: bool):
-        from ..dit.files import load_transformer
-
         return load_transformer(path, variant=variant, dtype=dtype, device="cpu", keep_quantized=keep)
 
     def close(self) -> None:
@@ -50,8 +58,6 @@ class ParallelRanks(Ranks):
     """This process in a ``torchrun`` group: its part of the DiT, the main rank's inputs."""
 
     def __init__(self, mode: str, device_name: str | None):
-        from ..devices.parallel import init_distributed
-
         self.mode = mode
         self.dist = init_distributed(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.is_main = self.dist.is_main
@@ -61,30 +67,20 @@ class ParallelRanks(Ranks):
             log.addFilter(_RankPrefix(self.dist.rank))
 
     def share_text(self, conditioning):
-        from ..devices.parallel import broadcast_conditioning
-
         return broadcast_conditioning(conditioning).cpu()
 
     def share_inputs(self, references, start, mask):
-        from ..devices.parallel import broadcast_references, broadcast_tensor
-
         references = broadcast_references(references)
         start, mask = broadcast_tensor(start), broadcast_tensor(mask)
         return references, None if start is None else start.cpu(), None if mask is None else mask.cpu()
 
     def dit_bytes(self, path, dtype, whole):
-        from ..devices.parallel_load import planned_weight_bytes
-
         return planned_weight_bytes(path, self.mode, self.dist.world, dtype, self.dist.rank)
 
     def load_transformer(self, path, variant, dtype, keep):
-        from ..devices.parallel_load import load_transformer_parallel
-
         return load_transformer_parallel(path, self.mode, variant, dtype, "cpu", keep_quantized=keep)
 
     def close(self) -> None:
-        from ..devices.parallel import close_distributed
-
         close_distributed()
 
 
@@ -100,8 +96,6 @@ class _RankPrefix(logging.Filter):
 
 def ranks_for(args: argparse.Namespace, fill: bool) -> Ranks:
     """The ``Ranks`` of this run, after refusing what a parallel run cannot do."""
-    from . import inputs
-
     if args.parallel is None:
         return Ranks(inputs.device_for(args.device))
     refused = {

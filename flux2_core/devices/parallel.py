@@ -46,6 +46,7 @@ from torch import nn
 from ..configs import Flux2Config
 from ..dit.layers import DoubleStreamBlock, LocalComm, SingleStreamBlock
 from ..errors import Flux2Error
+from ..references import ReferenceLatents
 
 MODES = ("tensor", "sequence")
 
@@ -133,8 +134,6 @@ def broadcast_conditioning(conditioning: torch.Tensor | None, src: int = 0, grou
 
 def broadcast_references(references, src: int = 0, group=None):
     """Rank ``src``'s ``ReferenceLatents`` (or None) on every rank, tokens and ids on the CPU."""
-    from ..references import ReferenceLatents
-
     grids = broadcast_object(None if references is None else list(references.grid_sizes), src, group)
     if grids is None:
         return None

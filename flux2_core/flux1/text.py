@@ -104,6 +104,7 @@ def t5_shape(shapes: dict[str, tuple[int, ...]], config: dict | None, name: str)
 
 
 def build_t5(shape: T5Shape) -> torch.nn.Module:
+    # transformers takes seconds to import: only when a model is built
     from transformers import T5Config, T5EncoderModel
 
     config = T5Config(
@@ -187,6 +188,7 @@ def clip_shape(shapes: dict[str, tuple[int, ...]], config: dict | None, name: st
 
 
 def build_clip(shape: ClipShape) -> torch.nn.Module:
+    # transformers takes seconds to import: only when a model is built
     from transformers import CLIPTextConfig, CLIPTextModel
 
     config = CLIPTextConfig(

@@ -81,10 +81,12 @@ def beside(weights: Path | None, component: str) -> Path | None:
 def _load(kind: str, folder: Path):
     try:
         if kind == "t5":
+            # transformers takes seconds to import: only when a model is built
             from transformers import T5TokenizerFast
 
             tokenizer = T5TokenizerFast.from_pretrained(str(folder), model_max_length=T5_TOKENS)
         else:
+            # transformers takes seconds to import: only when a model is built
             from transformers import CLIPTokenizer
 
             tokenizer = CLIPTokenizer.from_pretrained(str(folder), model_max_length=CLIP_TOKENS)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..configs import describe
 from ..errors import Flux2Error
+from .keys import pattern_key
 
 GRAMMAR = (
     "GROUP[.N|.N-M]=VALUE, ... with GROUP one of double, double.img, double.txt, single, other, all "
@@ -114,8 +115,6 @@ def _runs(values: list[float]) -> str:
 
 def group_names(names) -> list[str]:
     """'name pattern (x count)' lines for module names, numbers folded to N (one line per block kind)."""
-    from .keys import pattern_key
-
     counts: dict[str, int] = {}
     for name in names:
         key = pattern_key(name)

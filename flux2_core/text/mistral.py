@@ -101,6 +101,7 @@ def describe_mistral(shape: MistralShape) -> str:
 
 def build_mistral(shape: MistralShape, num_layers: int = MISTRAL_LAYERS_RUN) -> torch.nn.Module:
     """A ``transformers.MistralModel`` of ``num_layers`` layers on the meta device; final norm = Identity."""
+    # transformers takes seconds to import: only when a model is built
     from transformers import MistralConfig, MistralModel
 
     extra = dict(max_position_embeddings=131072, sliding_window=None)

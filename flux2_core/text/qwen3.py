@@ -96,6 +96,7 @@ def read_qwen3_shape(state_dict: dict[str, torch.Tensor], what: str = "the text 
 
 def build_qwen3(shape: Qwen3Shape, num_layers: int = NUM_LAYERS_RUN) -> torch.nn.Module:
     """A ``transformers.Qwen3Model`` of ``num_layers`` layers on the meta device; final norm = Identity."""
+    # transformers takes seconds to import: only when a model is built
     from transformers import Qwen3Config, Qwen3Model
 
     extra = dict(max_position_embeddings=40960, attention_bias=False)

@@ -80,6 +80,7 @@ class TekkenTokenizer:
     """Tekken over BPE ranks and a control-token list: text -> ids, control tokens in the text included."""
 
     def __init__(self, ranks: dict[bytes, int], pattern: str, specials: Sequence[str], source: str):
+        # with the first tokenizer built, not when the package is imported
         import tiktoken
 
         if sorted(ranks.values()) != list(range(len(ranks))):

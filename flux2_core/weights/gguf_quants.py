@@ -265,6 +265,7 @@ def _plain(flat: torch.Tensor, qtype: int) -> torch.Tensor:
 def _gguf_fallback(flat: torch.Tensor, qtype: int, shape: tuple[int, ...]) -> torch.Tensor:
     name = type_name(qtype)
     try:
+        # only the types without a dequantiser here need the gguf package's
         import gguf.quants
         from gguf import GGMLQuantizationType
     except ImportError as e:

@@ -89,6 +89,7 @@ def cache_dir() -> str:
 
 
 def _file(ref: HubRef) -> Path:
+    # only a Hub id needs the client
     from huggingface_hub import hf_hub_download
 
     kwargs = dict(repo_id=ref.repo_id, filename=ref.filename, revision=ref.revision, cache_dir=cache_dir())
@@ -106,6 +107,7 @@ def _file(ref: HubRef) -> Path:
 
 
 def _repository(ref: HubRef, component: str) -> Path:
+    # only a Hub id needs the client
     from huggingface_hub import snapshot_download
 
     patterns = ["model_index.json", *COMPONENT_FILES[component]]
@@ -150,6 +152,7 @@ def _has(root: Path, component: str) -> bool:
 
 def _remote_files(ref: HubRef, patterns: list[str]) -> dict[str, int]:
     """{file name: size} of the repo's files that match ``patterns``."""
+    # only a Hub id needs the client
     from huggingface_hub import HfApi
 
     try:
@@ -179,12 +182,14 @@ def _refuse_offline(ref: HubRef, what: str) -> None:
 
 
 def _is_missing(error: Exception) -> bool:
+    # only a Hub id needs the client
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     return isinstance(error, (LocalEntryNotFoundError, FileNotFoundError))
 
 
 def _hub_error(ref: HubRef, error: Exception) -> Flux2Error:
+    # only a Hub id needs the client
     from huggingface_hub import errors
 
     url = f"https://huggingface.co/{ref.repo_id}"
