@@ -9,11 +9,12 @@ Self-contained (it never imports ComfyUI). A text-to-image run::
     latents = sample(model, encoder.encode(["a red fox"]), SampleSettings(1024, 1024, 4, 1.0, seed=0))
     pixels = vae.decode(latents)                                         # [B, 3, H, W] in about -1..1
 
-Editing adds ``references=encode_references(vae, [image, ...])`` to ``sample``. Where things live:
-``ops`` (the weight seam), ``keymaps`` (foreign names), ``checkpoint`` + ``loading`` (one lazy loading
-pipeline), ``flow`` (the sampling loop), ``sampling`` (the klein denoiser), ``hooks`` (per-block work),
-``quant`` and ``gguf_*`` (quantised files), ``lora*`` (LoRAs of every common layout, at compute time),
-``parallel`` + ``parallel_load`` (one DiT over several processes: tensor or sequence parallelism).
+Editing adds ``references=encode_references(vae, [image, ...])`` to ``sample``. Where things live: the top
+level is the way of the data (``references`` and ``editing``: the edit inputs; ``sampling``: the klein
+denoiser; ``flow``: noise and the Euler loop; ``ops``: the weight seam; ``hooks``: per-block work), and each
+subpackage one part: ``dit`` (the transformer), ``vae``, ``text`` (Qwen3, Mistral, tokenizers), ``weights``
+(checkpoints, GGUF, Hub ids, key maps, quantised formats, the loading pipeline), ``lora``, ``devices``
+(streaming, block placement, tensor / sequence parallelism), ``flux1`` (FLUX.1 Fill [dev]) and ``cli``.
 """
 
 from .configs import FLUX1, FLUX2, KLEIN_4B, KLEIN_9B, KLEIN_VARIANTS, VARIANTS, Family, Flux2Config, Variant
