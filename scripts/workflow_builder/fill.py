@@ -12,7 +12,6 @@ from .layout import (
     LOADER_SIZE,
     MASK_NOTE,
     SEED,
-    X_ENCODE,
     X_LOAD,
     X_SAMPLE,
     finish,
@@ -129,13 +128,7 @@ def build_fill(r: FillRecipe) -> Graph:
     image = g.add("LoadImage", (X_LOAD, y), (380, 400), {"image": "example.png"}, title=IMAGE_TITLES[r.mode])
     inputs, source = [image], image  # Load Image's MASK: its transparent pixels
     if r.mode == "outpaint":
-        source = g.add(
-            "Flux2KleinOutpaintPad",
-            (X_ENCODE, y),
-            (300, 200),
-            {"left": 0, "top": 0, "right": 256, "bottom": 0, "feather": 24},
-        )
-        g.connect(image, source, "image")
+        source = outpaint_pad(g, image, y)
         inputs.append(source)
     g.group("Image to " + r.mode, *inputs)
 

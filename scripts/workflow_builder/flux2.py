@@ -16,6 +16,7 @@ from .layout import (
     X_SAMPLE,
     finish,
     loaders,
+    outpaint_pad,
     prompt,
 )
 from .notes import note
@@ -152,13 +153,7 @@ def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Nod
         return None
     nodes, source, mask, mask_slot = [image], image, image, 1  # Load Image's MASK: its transparent pixels
     if r.mode == "outpaint":
-        pad = g.add(
-            "Flux2KleinOutpaintPad",
-            (X_ENCODE, y),
-            (300, 200),
-            {"left": 0, "top": 0, "right": 256, "bottom": 0, "feather": 24},
-        )
-        g.connect(image, pad, "image")
+        pad = outpaint_pad(g, image, y)
         nodes.append(pad)
         source, mask = pad, pad
     prepare = g.add(

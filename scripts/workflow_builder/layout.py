@@ -51,6 +51,18 @@ def prompt(g: Graph, type_: str, text: str, encoder: Node, slot: int = 0, negati
     return node
 
 
+def outpaint_pad(g: Graph, image: Node, y: int) -> Node:
+    """FLUX.2 Outpaint Pad beside the image: 256 px added on the right, a 24 px fade into the original."""
+    pad = g.add(
+        "Flux2KleinOutpaintPad",
+        (X_ENCODE, y),
+        (300, 200),
+        {"left": 0, "top": 0, "right": 256, "bottom": 0, "feather": 24},
+    )
+    g.connect(image, pad, "image")
+    return pad
+
+
 def finish(g: Graph, decode_type: str, vae: Node, sampler: Node, stitch, prefix: str, note: str) -> None:
     """Decode the sampler's latent, composite it over the original when ``stitch`` = (node, slot) gives an
     inpaint's stitch, save under ``prefix``, group it all as "Generate", and add the note."""
