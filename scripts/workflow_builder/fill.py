@@ -16,6 +16,7 @@ from .layout import (
     X_SAMPLE,
     finish,
     loaders,
+    outpaint_pad,
     prompt,
 )
 from .notes import file_rows
