@@ -68,7 +68,7 @@ def spec_of(node_class, display_name: str) -> NodeSpec:
 
 def load_pack():
     """(node specs, model-file table) of the pack, imported under the fake host and removed again."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests"))  # the fake host lives with the tests; only for this import
     try:
         from comfy_stubs import FakeHost
     finally:
