@@ -1,10 +1,13 @@
 """Tiny checkpoints in the quantised formats users download (test helper).
 
-Quantisers here follow the published layouts (the formats spec): fp8 with a per-tensor ``weight_scale``
-(amax / 448), int8 per tensor or per row (amax / 127) with optional ConvRot, nvfp4 with E2M1 codes (even
-column in the high nibble), float8 block scales in the swizzled 128x4-tile layout and a global
-``weight_scale_2``; GGUF through the ``gguf`` package's own writer and quantisers. Each writer also returns
-the weights a correct loader must reconstruct, computed here from the stored bytes by the spec's formulas.
+Quantisers here follow the layouts ComfyUI loads (comfy/quant_ops.py ``QUANT_ALGOS``, with comfy-kitchen's
+tensor layouts): fp8 with a per-tensor ``weight_scale`` (amax / 448), int8 per tensor or per row (amax /
+127) with optional ConvRot, nvfp4 with E2M1 codes (even column in the high nibble: comfy-kitchen's
+``hi_first``), float8 block scales in the swizzled 128x4-tile layout (comfy-kitchen float_utils.py
+``to_blocked``) and a global ``weight_scale_2``; GGUF through the ``gguf`` package's own writer and
+quantisers. Each writer also returns the weights a correct loader must reconstruct, computed here from the
+stored bytes by comfy-kitchen's dequantisation formulas (backends/eager/quantization.py:
+``dequantize_per_tensor_fp8``, ``dequantize_nvfp4``, ``dequantize_int8_convrot_weight``), written out here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """FLUX.1 Fill [dev] shapes, schedule, file pairing and quantised files.
 
-- The real configurations built on the meta device have the published parameter counts and BFL key
-  table (3.1).
+- The real configurations built on the meta device have the parameter counts of the reference models and
+  the BFL key names and shapes of flux1-fill-dev.safetensors.
 - ``fill_sigmas`` equals diffusers' scheduler with the Fill config and BFL's get_schedule values.
 - A wrong file in any loader (the FLUX.2 model, VAE or text encoder; FLUX.1 [dev] or Canny; swapped
   encoders) is refused with a message that names the right file; float16, mismatched or odd-sized masks are
@@ -65,11 +65,15 @@ def _count(module: torch.nn.Module) -> int:
 # ---- real-size configurations (meta device) --------------------------------------------------------------
 
 
-def test_real_configs_have_the_spec_parameter_counts():
+def test_real_configs_have_the_reference_parameter_counts():
     with torch.device("meta"):
         dit, vae = Flux1Transformer(FILL_DEV), Flux1AutoEncoder(FLUX1_VAE)
         t5, clip = build_t5(T5_XXL), build_clip(CLIP_L)
-    # the published configurations, counted on the meta device
+    # The counts of the reference implementations built on the meta device from the released configurations:
+    # diffusers' FluxTransformer2DModel with black-forest-labs/FLUX.1-Fill-dev's transformer/config.json
+    # (in_channels 384, 19 double + 38 single blocks) and its per-block counts, diffusers' AutoencoderKL with
+    # its vae/config.json (latent_channels 16, no quant convs), transformers' T5EncoderModel with
+    # google/t5-v1_1-xxl's config.json and CLIPTextModel with openai/clip-vit-large-patch14's text_config.
     assert _count(dit) == 11_902_391_360
     assert _count(dit.double_blocks[0]) == 339_831_296
     assert _count(dit.single_blocks[0]) == 141_591_808
@@ -79,7 +83,9 @@ def test_real_configs_have_the_spec_parameter_counts():
     assert _count(clip) == 123_060_480 and len(list(clip.parameters())) == 196
 
 
-# Spec 3.1: the BFL / ComfyUI names and shapes of flux1-fill-dev.safetensors (each with a bias but the norms).
+# The BFL / ComfyUI names and shapes of flux1-fill-dev.safetensors (each with a bias but the norms): BFL's
+# Flux (black-forest-labs/flux src/flux/model.py) with configs["flux-dev-fill"] (src/flux/util.py); the
+# names diffusers' convert_flux_transformer_checkpoint_to_diffusers (loaders/single_file_utils.py) reads.
 TOP_LEVEL = {
     "img_in": (3072, 384),
     "txt_in": (3072, 4096),
@@ -333,7 +339,6 @@ def test_fp8_fill_dit_computes_its_dequantised_weights(fill_sd, tmp_path, form):
 
 
 def test_q8_0_gguf_fill_dit_computes_its_dequantised_weights(fill_sd, tmp_path):
-    pytest.importorskip("gguf")
     types = {k: ("Q8_0" if v.ndim == 2 else "F32") for k, v in fill_sd.items()}  # city96 keeps BFL names
     held = write_gguf(fill_sd, tmp_path / "flux1-fill-dev-Q8_0.gguf", "flux", types)
     model = load_fill_transformer(tmp_path / "flux1-fill-dev-Q8_0.gguf")

@@ -308,15 +308,16 @@ def test_pack_latent_is_diffusers_packing():
 # ---- whole runs ------------------------------------------------------------------------------------------
 
 
-def _spec_noise(batch, height, width, seed):
-    """Spec 7.3: randn([B, 16, H/8, W/8]) from a CPU generator seeded with the seed, in float32."""
+def _comfy_noise(batch, height, width, seed):
+    """ComfyUI's noise (comfy/sample.py, prepare_noise): one float32 randn([B, 16, H/8, W/8]) from the CPU
+    generator seeded with the seed; given to diffusers as its latents."""
     shape = [batch, 16, height // 8, width // 8]
     return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed))
 
 
 def _diffusers_run(pipe, prompts, image, mask, steps, guidance, seed):
     batch, _, height, width = image.shape
-    noise = _spec_noise(batch, height, width, seed)
+    noise = _comfy_noise(batch, height, width, seed)
     out = pipe(
         prompt=prompts,
         image=image,
@@ -385,7 +386,9 @@ def test_the_seed_is_the_noise(ours, pipe):
 
 # ---- the real tokenizers (a ComfyUI checkout) ------------------------------------------------------------
 
-# Spec 10.3 (verified): the ids of "A painting of a squirrel eating a burger" with ComfyUI's tokenizer files.
+# The ids of PROMPTS[0] (the prompt of diffusers' tests/pipelines/flux/test_pipeline_flux_fill.py) from
+# ComfyUI's own tokenizer files, read by transformers: comfy/sd1_tokenizer through
+# CLIPTokenizer(model_max_length=77), comfy/text_encoders/t5_tokenizer through T5TokenizerFast.
 CLIP_IDS = [49406, 320, 3086, 539, 320, 14004, 4371, 320, 6548, 49407]
 T5_IDS = [71, 3924, 13, 3, 9, 26364, 3182, 3, 9, 3, 9079, 1]
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")
-
-from flux2_core.errors import Flux2Error  # noqa: E402
-from flux2_core.weights.gguf_file import GGUFTensors, hf_name, qwen3_config  # noqa: E402
-from flux2_core.weights.gguf_quants import (  # noqa: E402
+from flux2_core.errors import Flux2Error
+from flux2_core.weights.gguf_file import GGUFTensors, hf_name, qwen3_config
+from flux2_core.weights.gguf_quants import (
     GGML_TYPES,
     GGMLType,
     block_size,

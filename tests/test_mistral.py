@@ -123,14 +123,17 @@ def test_published_id_vectors():
     assert ids[-15:] == [10] + tail
 
 
-def test_the_dev_template_gives_the_published_ids():
+def test_the_dev_template_gives_the_reference_chat_ids():
     ids, mask = tokenize_prompts(builtin_tekken(), ["", "a cat holding a sign that says hello world"],
                                  512, DEV_MISTRAL.template, DEV_MISTRAL.pad_id)  # fmt: skip
+    # The ids of mistral-common's encode_chat_completion for [SystemMessage(SYSTEM_MESSAGE),
+    # UserMessage(prompt)] (the message pair of BFL's and diffusers' format_input; SYSTEM_MESSAGE is
+    # diffusers' pipelines/flux2/system_messages.py) with the Mistral Small 3.x Tekken vocabulary:
     empty = [1, 17, 4568, 1584, 1420, 26554, 1455, 12738, 2314, 3937, 38340, 1046, 3213, 5628, 37253,
              11688, 30557, 1408, 3481, 14608, 1044, 3481, 1010, 2452, 5604, 1321, 10636, 3816, 67813, 1046,
              18, 3, 4]  # fmt: skip
     assert ids[0, :33].tolist() == empty and mask[0].sum() == 33  # the template's 33 tokens
-    assert mask[1].sum() == 42  # the template's 33 tokens
+    assert mask[1].sum() == 42  # the template's 33 tokens and the prompt's 9
     assert ids[1, 30:42].tolist() == [18, 3, 1097, 7990, 14234, 1261, 2287, 1455, 8223, 52528, 4304, 4]
     assert (ids[:, 42:] == 11).all() and "object\nattribution" in SYSTEM_MESSAGE  # right-padded with <pad>
 

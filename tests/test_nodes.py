@@ -163,6 +163,44 @@ def run_sampler(nodes, loaded, **overrides):
     return nodes["Flux2KleinSampler"].sample(**{**args, **overrides})[0]["samples"]
 
 
+def core_module(pack, name: str = ""):
+    """The pack's own ``flux2_core`` (or one of its modules), as imported under the pack's name."""
+    return sys.modules[f"{pack.__name__}.flux2_core" + (f".{name}" if name else "")]
+
+
+def with_noise_item(pack, batch_size: int, k: int, run):
+    """``run()`` with the sampler's noise for a batch of one replaced by item ``k`` of the noise a batch of
+    ``batch_size`` draws from the same seed (``flow.make_noise``: one ``randn`` of [B, 128, h, w] from the
+    seeded CPU generator, so item k of a batch is that slice)."""
+    sampling = core_module(pack, "sampling")
+    draw = sampling.make_noise
+
+    def item(batch, height, width, seed, *rest):
+        assert batch == 1
+        return draw(batch_size, height, width, seed, *rest)[k : k + 1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sampling, "make_noise", item)
+        return run()
+
+
+def capture_start(pack, run):
+    """(``run()``'s result, the latent the Euler loop started from, the sigmas it ran), by wrapping the
+    core's ``flow.euler`` as ``sampling.sample`` calls it."""
+    sampling = core_module(pack, "sampling")
+    euler, seen = sampling.euler, []
+
+    def recording(denoise, x, sigmas, *rest):
+        seen.append((x.clone(), list(sigmas)))
+        return euler(denoise, x, sigmas, *rest)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sampling, "euler", recording)
+        out = run()
+    ((start, sigmas),) = seen
+    return out, start, sigmas
+
+
 # -- registration and schemas ------------------------------------------------------------------------------
 
 
@@ -420,11 +458,20 @@ def test_base_model_guidance_needs_a_negative(nodes, loaded, host, Flux2Error):
     assert with_cfg.shape == without.shape and not torch.equal(with_cfg, without)
 
 
-def test_kv_model_with_references(nodes, loaded):
+def test_kv_model_with_references_is_the_core_kv_run(nodes, loaded, pack):
+    """The node gives the KV model, prompt, seed, size and references to the core unchanged, and its K/V from
+    the store are the ones the core computes itself (the core's KV run is checked against diffusers'
+    Flux2KleinKVPipeline in test_pipeline_parity.py)."""
+    core = core_module(pack)
     (kv,) = nodes["Flux2KleinModelLoader"].load("klein_tiny.safetensors", "kv")
     (refs,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(64, 64))
     samples = run_sampler(nodes, loaded, model=kv, references=refs, steps=2)
-    assert samples.shape == (1, 128, 4, 4) and torch.isfinite(samples).all()
+    settings = core.SampleSettings(64, 64, 2, 1.0, 7, 1)  # run_sampler's size, steps, guidance and seed
+    expected = core.sample(kv.model, loaded["positive"].embeds, settings, references=refs)  # no cache given
+    assert samples.shape == (1, 128, 4, 4) and torch.equal(samples, expected)
+    # controls: the references matter, and the KV attention is not the plain models' joint attention
+    assert not torch.equal(samples, run_sampler(nodes, loaded, model=kv, steps=2))
+    assert not torch.equal(samples, run_sampler(nodes, loaded, references=refs, steps=2))
 
 
 def test_sampler_rejects_a_bad_size_at_run_time(nodes, loaded, Flux2Error):
@@ -481,13 +528,22 @@ def test_an_empty_folder_says_so_in_the_list_and_the_loader_names_the_file_and_i
 # -- editing ------------------------------------------------------------------------------------------------
 
 
-def test_img2img_from_an_encoded_image(nodes, loaded):
+def test_img2img_from_an_encoded_image(nodes, loaded, pack):
     (latent,) = nodes["Flux2KleinEncode"].encode(loaded["vae"], image(70, 100))  # cropped to 96 x 64
     assert latent["samples"].shape == (1, 128, 4, 6)
     noise_only = run_sampler(nodes, loaded, latent=latent)
     assert torch.equal(noise_only, run_sampler(nodes, loaded, width=96, height=64))  # denoise 1: pure noise
-    kept = run_sampler(nodes, loaded, latent=latent, denoise=0.5)
-    assert not torch.equal(kept, noise_only) and kept.shape == noise_only.shape
+    kept, start, sigmas = capture_start(pack, lambda: run_sampler(nodes, loaded, latent=latent, denoise=0.5))
+    # the last half of the schedule (flow.truncate: int(2 - 2 * 0.5) = 1 of the 2 steps skipped), from the
+    # image's latent noised to its first sigma s: x = (1 - s) * latent + s * noise (flow.start_from)
+    full = core_module(pack).get_sigmas(2, 4 * 6).tolist()
+    assert sigmas == full[1:] and 0 < sigmas[0] < 1
+    flow = core_module(pack, "flow")
+    noise = flow.pack(flow.make_noise(1, 64, 96, seed=7))  # run_sampler's seed
+    s = sigmas[0]
+    assert torch.equal(start, (1 - s) * flow.pack(latent["samples"]) + s * noise)
+    assert kept.shape == noise_only.shape
+    assert torch.equal(run_sampler(nodes, loaded, latent=latent, denoise=0.0), latent["samples"])  # no step
     with pytest.raises(Exception, match="strength \\(denoise\\) is 1.5"):
         run_sampler(nodes, loaded, latent=latent, denoise=1.5)
     with pytest.raises(Exception, match="needs an image \\(latent\\) to start from: connect one"):
@@ -544,8 +600,13 @@ def test_kv_cache_is_reused_across_runs_with_the_same_output(nodes, pack, loaded
     warm = run_sampler(nodes, loaded, **args, seed=3, positive=loaded["negative"])
     warm = run_sampler(nodes, loaded, **args, seed=3)  # another prompt, then this one: both from the store
     assert store.hits == 2 and torch.equal(warm, cold)
-    run_sampler(nodes, loaded, **args, seed=3, batch_size=2)  # a batch of 2 reuses the same entry
+    batch = run_sampler(nodes, loaded, **args, seed=3, batch_size=2)  # a batch of 2 reuses the same entry
     assert (store.hits, len(store)) == (3, 1)
+    # each item is the single-image run (from the store too) on its slice of the batch's noise
+    for k in range(2):
+        single = with_noise_item(pack, 2, k, lambda: run_sampler(nodes, loaded, **args, seed=3))
+        torch.testing.assert_close(batch[k : k + 1], single, atol=1e-5, rtol=0)  # batched: ~1e-6
+    assert (store.hits, len(store)) == (5, 1)
     (other,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(64, 64, seed=2))
     run_sampler(nodes, loaded, model=kv_model, references=other, width=64, height=64)
     assert (store.misses, len(store)) == (2, 2)  # another reference misses
@@ -554,7 +615,8 @@ def test_kv_cache_is_reused_across_runs_with_the_same_output(nodes, pack, loaded
     assert len(store) == 0
 
 
-def test_the_sampler_keeps_the_noise_mask_for_a_second_pass(nodes, loaded):
+def test_the_sampler_keeps_the_noise_mask_for_a_second_pass(nodes, loaded, pack):
+    core = core_module(pack)
     source = image(64, 64, seed=3)
     mask = torch.zeros(1, 64, 64)
     mask[:, 16:48, 16:48] = 1.0
@@ -564,14 +626,35 @@ def test_the_sampler_keeps_the_noise_mask_for_a_second_pass(nodes, loaded):
     (first,) = nodes["Flux2KleinSampler"].sample(**args, latent=latent)
     assert torch.equal(first["noise_mask"], latent["noise_mask"])
     (second,) = nodes["Flux2KleinSampler"].sample(**args, latent=first, denoise=0.5)
-    assert second["samples"].shape == first["samples"].shape
+    assert torch.equal(second["noise_mask"], latent["noise_mask"])
+    # the second pass is the core's inpaint of the first pass's latent, under the same mask, half the schedule
+    packed_mask = core.latent_mask(latent["noise_mask"], (4, 4), 1)
+    settings = core.SampleSettings(64, 64, 2, 1.0, 1)  # args' size (the latent's), steps, guidance, seed
+    expected = core.sample(loaded["model"].model, loaded["positive"].embeds, settings, references=refs,
+                           start=first["samples"], strength=0.5, mask=packed_mask)  # fmt: skip
+    assert torch.equal(second["samples"], expected)
+    # outside the mask each pass ends on its start latent (the blend at sigma 0), inside it repaints
+    keep = packed_mask[0, :, 0].reshape(4, 4) == 0
+    assert keep.sum() == 12  # the 32 px box covers the middle 2 x 2 of the 4 x 4 latent grid
+    assert torch.equal(first["samples"][0][:, keep], latent["samples"][0][:, keep])
+    assert torch.equal(second["samples"][0][:, keep], first["samples"][0][:, keep])
+    assert not torch.equal(second["samples"][0][:, ~keep], first["samples"][0][:, ~keep])
 
 
-def test_a_noise_mask_of_batch_one_serves_a_latent_batch_of_two(nodes, loaded):
+def test_a_noise_mask_of_batch_one_serves_a_latent_batch_of_two(nodes, loaded, pack):
     (latent,) = nodes["Flux2KleinEncode"].encode(loaded["vae"], image(64, 64, batch=2))
-    native = {"samples": latent["samples"], "noise_mask": torch.ones(1, 1, 64, 64)}
-    samples = run_sampler(nodes, loaded, latent=native)
-    assert samples.shape == (2, 128, 4, 4) and not torch.equal(samples[0], samples[1])
+    noise_mask = torch.zeros(1, 1, 64, 64)
+    noise_mask[..., :32] = 1.0  # repaint the left half: latent columns 0-1 of 4
+    samples = run_sampler(nodes, loaded, latent={"samples": latent["samples"], "noise_mask": noise_mask})
+    assert samples.shape == (2, 128, 4, 4)
+    for k in range(2):
+        # item k keeps its own image outside the mask, and is the batch-of-one run on that image with the
+        # same mask and its slice of the batch's noise
+        assert torch.equal(samples[k, :, :, 2:], latent["samples"][k, :, :, 2:])
+        one = {"samples": latent["samples"][k : k + 1], "noise_mask": noise_mask}
+        single = with_noise_item(pack, 2, k, lambda one=one: run_sampler(nodes, loaded, latent=one))
+        torch.testing.assert_close(samples[k : k + 1], single, atol=1e-5, rtol=0)  # batched: ~1e-6
+    assert not torch.equal(samples[0, :, :, :2], samples[1, :, :, :2])
 
 
 def _write_lora(dit, path):
@@ -592,8 +675,16 @@ def test_lora_loader_applies_on_top_and_leaves_the_base_model_alone(nodes, loade
     plain = run_sampler(nodes, loaded)
     out = nodes["Flux2KleinLoraLoader"].load(loaded["model"], "tiny_lora.safetensors", 0.8)
     model, report, text_encoder = out["result"]
-    assert out["ui"]["text"] == [report] and "2" in report and text_encoder is None
-    assert "text encoder" in report  # its text-encoder key is reported as not applied
+    assert out["ui"]["text"] == [report] and text_encoder is None
+    # _write_lora's file: ai-toolkit names (diffusion_model. + lora_A/lora_B) on 2 layers of the tiny DiT
+    # (hidden 32, 2 double + 2 single blocks, txt_in 96 wide), no .alpha (scale 1, on both: "(2)"), plus 1
+    # kohya text-encoder module, not applied without a text encoder
+    assert report.splitlines() == [
+        "LoRA tiny_lora.safetensors: BFL / ai-toolkit (diffusion_model.), LoRA, for FLUX.2 DiT (32 wide, "
+        "2+2 blocks, 96-wide text)",
+        "  diffusion model: 2 of the file's 3 modules applied here (2 layers); scale 1 (no alpha) (2)",
+        "  text encoder: 1 text encoder keys not applied (no text encoder connected)",
+    ]
     with_lora = run_sampler(nodes, {**loaded, "model": model})
     assert (with_lora - plain).abs().max() > 1e-3
     assert torch.equal(run_sampler(nodes, loaded), plain)  # the input model is unchanged

@@ -148,6 +148,11 @@ def run_sampler(nodes, loaded, source, mask, **overrides):
     return latent, stitch
 
 
+def fill_sampling(pack):
+    """The pack's own ``flux2_core.flux1.sampling`` (the module ``sample_fill`` looks its helpers up in)."""
+    return sys.modules[f"{pack.__name__}.flux2_core.flux1.sampling"]
+
+
 # -- registration and schemas ------------------------------------------------------------------------------
 
 
@@ -434,21 +439,51 @@ def test_outpaint_through_the_pad_node(nodes, loaded):
     assert torch.equal(out[0][new], decoded[0][new])  # the new area is wholly the painted one
 
 
-def test_denoise_below_one_starts_from_the_image(nodes, loaded, Flux2Error):
+def test_denoise_below_one_starts_from_the_image(nodes, loaded, pack, core, monkeypatch, Flux2Error):
     source, mask = image(64, 64, seed=8), box_mask(64, 64, 8, 8, 56, 56)
-    full, _ = run_sampler(nodes, loaded, source, mask)
-    part, _ = run_sampler(nodes, loaded, source, mask, denoise=0.5)  # one of the two steps
-    assert part["samples"].shape == full["samples"].shape and not torch.equal(
-        part["samples"], full["samples"]
-    )
+    sampling = fill_sampling(pack)
+    euler, seen = sampling.euler, []
+
+    def recording(denoise, x, sigmas, *rest):  # the latent and the schedule the Euler loop gets
+        seen.append((x.clone(), list(sigmas)))
+        return euler(denoise, x, sigmas, *rest)
+
+    monkeypatch.setattr(sampling, "euler", recording)
+    part, _ = run_sampler(nodes, loaded, source, mask, denoise=0.5)
+    ((start, sigmas),) = seen
+    # the last half of the schedule (flow.truncate: int(2 - 2 * 0.5) = 1 of the 2 steps skipped), from the
+    # unmasked image's latent noised to its first sigma s: x = (1 - s) * image + s * noise (flow.start_from)
+    full = sampling.fill_sigmas(2, 4 * 4).tolist()  # 64 x 64: a 4 x 4 token grid
+    assert sigmas == full[1:] and 0 < sigmas[0] < 1
+    crop, crop_mask, _ = core.prepare_inpaint(source[0], mask)
+    pixels = (crop * 2 - 1).permute(2, 0, 1)[None]
+    fill = core.fill_inputs(loaded["vae"].vae, pixels, crop_mask, with_source=True)
+    noise = sampling.pack_latent(core.make_noise(1, 64, 64, 7, core.FLUX1))  # run_sampler's seed; FLUX.1's
+    s = sigmas[0]
+    assert torch.equal(start, (1 - s) * fill.source + s * noise)
+    assert part["samples"].shape == (1, 16, 8, 8)
     with pytest.raises(Flux2Error, match="denoise is 1.5"):
         run_sampler(nodes, loaded, source, mask, denoise=1.5)
 
 
-def test_a_batch_gives_that_many_different_images(nodes, loaded):
-    latent, stitch = run_sampler(nodes, loaded, image(64, 64), box_mask(64, 64, 0, 0, 64, 32), batch_size=2)
+def test_a_batch_gives_that_many_different_images(nodes, loaded, pack):
+    source, mask = image(64, 64), box_mask(64, 64, 0, 0, 64, 32)
+    latent, stitch = run_sampler(nodes, loaded, source, mask, batch_size=2)
     samples = latent["samples"]
     assert samples.shape == (2, 16, 8, 8) and not torch.equal(samples[0], samples[1])
+    # item k is the single-image run on item k of the batch's noise (flow.make_noise: one randn of
+    # [2, 16, 8, 8] from the seeded CPU generator)
+    sampling = fill_sampling(pack)
+    draw = sampling.make_noise
+
+    def item(k):  # for a batch of one: item k of the batch of two's noise
+        return lambda batch, height, width, seed, *rest: draw(2, height, width, seed, *rest)[k : k + 1]
+
+    for k in range(2):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sampling, "make_noise", item(k))
+            single, _ = run_sampler(nodes, loaded, source, mask)
+        torch.testing.assert_close(samples[k : k + 1], single["samples"], atol=1e-5, rtol=0)  # batched: ~1e-6
     (decoded,) = nodes["Flux1FillDecode"].decode(loaded["vae"], latent)
     (out,) = nodes["Flux2KleinComposite"].composite(decoded, stitch, 0)
     assert out.shape == (2, 64, 64, 3)

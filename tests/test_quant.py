@@ -1,8 +1,9 @@
 """Quantised checkpoints: fp8 (three marker forms, plain, e5m2, mixed), int8 (per tensor / row, ConvRot),
 nvfp4, mxfp8 and GGUF, for the DiT and the Qwen3 text encoder.
 
-Expected weights come from the stored bytes by the spec's formulas, computed in ``quant_files`` (GGUF: the
-``gguf`` package's own dequantiser); the loaded model must reproduce them exactly and keep them quantised.
+Expected weights come from the stored bytes by comfy-kitchen's dequantisation formulas, computed in
+``quant_files`` (GGUF: the ``gguf`` package's own dequantiser); the loaded model must reproduce them exactly
+and keep them quantised.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def test_int8_layers_multiply_in_int8_as_comfyui_does(dit, tmp_path, convrot):
     write_quantised(sd, path, "int8_tensorwise", convrot=convrot)
     layer = dict(linears(load_transformer(path).transformer))["single_blocks.0.linear2"]
     x = torch.randn(2, 7, layer.in_features, generator=torch.Generator().manual_seed(0))
-    # The W8A8 forward of the formats spec (3.3), written out here.
+    # The W8A8 forward ComfyUI runs for an int8_tensorwise layer (comfy-kitchen
+    # backends/eager/quantization.py, int8_linear), written out here.
     q, s = layer.weight, layer.weight_scale
     xr = (x.reshape(-1, 2, 16) @ hadamard(16)).reshape(x.shape) if convrot else x
     x2 = xr.reshape(-1, layer.in_features)
@@ -244,7 +246,6 @@ GGUF_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q
 
 
 def test_gguf_dit_dequantises_like_gguf_and_runs(tmp_path):
-    pytest.importorskip("gguf")
     wide = make_diffusers_dit(
         seed=4, attention_head_dim=128, axes_dims_rope=(32, 32, 32, 32), joint_attention_dim=256
     )
@@ -289,7 +290,6 @@ def _llama_name(hf: str) -> str:
 
 
 def test_qwen3_gguf_with_llama_cpp_names(tmp_path):
-    pytest.importorskip("gguf")
     tiny = make_tiny_qwen3(seed=5)
     tensors = model_tensors(tiny, lm_head=False)
     named = {_llama_name(k): v for k, v in tensors.items()}
@@ -420,7 +420,6 @@ def test_weight_bytes_counts_a_quantised_embedding_dequantised(tmp_path):
 
 
 def test_pairing_reads_text_widths_from_quantised_and_gguf_encoders(tmp_path):
-    pytest.importorskip("gguf")
     from flux2_core.text.qwen3 import QWEN3_SPEC
 
     tiny = make_tiny_qwen3(seed=9)

@@ -40,10 +40,22 @@ def test_tensor_input_without_resize_is_cropped_exactly():
 
 
 def test_tensor_input_over_the_cap_is_scaled_like_an_image():
-    pixels = torch.rand(3, 300, 400)
+    # a smooth 400 x 300 8-bit picture (random 40 x 30 colours, enlarged bicubically), as a float [3, H, W]
+    small = Image.fromarray(np.random.default_rng(3).integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    picture = small.resize((400, 300), Image.Resampling.BICUBIC)
+    pixels = torch.from_numpy(np.array(picture)).permute(2, 0, 1).float() / 255
     out = prepare_reference(pixels, max_pixels=200 * 150)
-    assert out.shape == (1, 3, 144, 192)  # 200x150 cropped to multiples of 16
-    assert out.min() >= -1 and out.max() <= 1
+    # The image path's cap (BFL's cap_pixels, diffusers' _resize_to_target_area): both sides times
+    # sqrt(cap / area) = 1/2, truncated, Lanczos; here on each float channel (PIL "F" mode, no 8-bit
+    # rounding), clamped to 0..1; then the centre crop to multiples of 16 (150 -> 144 rows from row 3,
+    # 200 -> 192 columns from column 4) and 2x - 1.
+    lanczos = Image.Resampling.LANCZOS
+    channels = [np.asarray(Image.fromarray(c.numpy()).resize((200, 150), lanczos)) for c in pixels]
+    scaled = torch.from_numpy(np.stack(channels)).clamp(0, 1)
+    assert out.shape == (1, 3, 144, 192)
+    assert torch.equal(out[0], scaled[:, 3:147, 4:196] * 2 - 1)
+    # the same picture as a PIL image (8-bit Lanczos) gives the same reference, up to 8-bit rounding
+    assert (out - prepare_reference(picture, max_pixels=200 * 150)).abs().max() < 1.5 * 2 / 255
 
 
 def test_pixel_cap_can_be_raised():

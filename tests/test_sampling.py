@@ -31,7 +31,10 @@ def test_sigmas_match_diffusers_scheduler(seq_len, steps):
 
 
 def test_worked_schedule_values():
-    # Published values for 1024^2 (4096 tokens) and 512^2 (1024 tokens), 4 steps.
+    # BFL's get_schedule (black-forest-labs/flux2 src/flux2/sampling.py: compute_empirical_mu, then
+    # generalized_time_snr_shift on linspace(1, 0)) run for 1024^2 (4096 tokens) and 512^2 (1024 tokens) at
+    # 4 steps, and its mu for 1024^2 at 50 steps and 2048^2 (16384 tokens, over 4300: the linear branch) at 4,
+    # rounded to 5 decimals.
     torch.testing.assert_close(
         get_sigmas(4, 4096), torch.tensor([1.0, 0.96738, 0.90814, 0.76720, 0.0]), atol=1e-5, rtol=0
     )
@@ -164,7 +167,7 @@ def test_noise_equals_native_comfyui_prepare_noise():
     torch.testing.assert_close(make_noise(3, 80, 64, seed=1234), native, atol=0, rtol=0)
 
 
-def test_memory_estimate_counts_the_kv_cache_like_the_published_figure():
+def test_memory_estimate_counts_the_kv_cache_of_every_reference_token_in_every_block():
     from flux2_core.configs import KLEIN_9B
     from flux2_core.dit.transformer import Flux2Transformer
     from flux2_core.references import ReferenceLatents
@@ -176,6 +179,8 @@ def test_memory_estimate_counts_the_kv_cache_like_the_published_figure():
     settings = SampleSettings(1024, 1024, 4, 1.0, 0)
     plain = estimate_memory(Flux2Model(net, VARIANTS["distilled"], "klein 9B"), settings, one_ref)
     kv = estimate_memory(Flux2Model(net, VARIANTS["kv"], "klein 9B"), settings, one_ref)
-    # 2 (K, V) x 4096 tokens x 4096 wide x 32 blocks x 2 bytes: the "about 2.1 GB" of the 9B-KV model card
+    # K and V of each of the 4096 reference tokens, 4096 wide, in each of klein 9B's 8 + 24 blocks (configs.py
+    # KLEIN_9B), in bfloat16: what diffusers' Flux2KVCache (transformer_flux2.py) holds, one
+    # Flux2KVLayerCache per double and single block
     assert kv - plain == 2 * 4096 * 4096 * 32 * 2
     assert 1e9 < plain < 4e9  # activations for 512 + 4096 + 4096 tokens

@@ -8,7 +8,7 @@ import torch
 from tiny_dit import make_diffusers_dit, write_bfl_file, write_diffusers_folder
 from tiny_text import make_tiny_qwen3, model_tensors
 
-from flux2_core import ops
+from flux2_core import ops, sampling
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.rope import image_ids, text_ids
 from flux2_core.errors import Flux2Error
@@ -131,16 +131,32 @@ def test_the_final_layer_swap_is_a_placement_of_each_half():
     assert Part(1, 2).rows(64) == (32, 32)
 
 
-def test_start_latent_with_the_full_schedule_is_todays_sampler(files):
+def test_start_latent_with_the_full_schedule_is_todays_sampler(files, monkeypatch):
     model = load_transformer(files["bfl"])
     settings = SampleSettings(64, 64, 3, 1.0, seed=4)
     ctx = torch.randn(1, T, 24, generator=torch.Generator().manual_seed(1))
     plain = sample(model, ctx, settings)
     start = torch.randn(1, 128, 4, 4, generator=torch.Generator().manual_seed(2))
     assert torch.equal(sample(model, ctx, settings, start=start, strength=1.0), plain)
-    # A partial schedule starts from the start latent noised to the first kept sigma.
-    half = sample(model, ctx, settings, start=start, strength=0.5)  # skips int(3 - 1.5) = 1 step
-    assert not torch.equal(half, plain)
+    # A partial schedule: the tail of the full one (diffusers' get_timesteps: int(3 - 3 * 0.5) = 1 step
+    # skipped), started from the start latent noised to its first sigma, x = (1 - s) start + s noise.
+    seen = []
+
+    def recording(denoise, x, sigmas, *rest):
+        seen.append(list(sigmas))
+        return euler(denoise, x, sigmas, *rest)
+
+    monkeypatch.setattr(sampling, "euler", recording)
+    half = sample(model, ctx, settings, start=start, strength=0.5)
+    full = get_sigmas(3, 16).tolist()
+    assert seen == [full[1:]]
+    s = full[1]
+    x = (1 - s) * pack(start) + s * pack(make_noise(1, 64, 64, seed=4))
+    with torch.no_grad():  # the two remaining Euler steps by hand
+        for i in (1, 2):
+            v = model.transformer(x, image_ids(4, 4), torch.full((1,), full[i]), ctx, text_ids(T))
+            x = x + (full[i + 1] - full[i]) * v
+    assert torch.equal(half, unpack(x, 4, 4))
 
 
 def test_truncated_schedule_and_start_noise_follow_the_flow_convention():

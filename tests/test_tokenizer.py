@@ -34,7 +34,11 @@ from flux2_core.text.tokenizer import (
     tokenize_prompts,
 )
 
-# Spec 5.3: the empty prompt through the template (identical in BFL, diffusers, ComfyUI and antirez).
+# The empty prompt through the template: Qwen3's chat template for one user message with
+# add_generation_prompt=True and enable_thinking=False (BFL's Qwen3Embedder in black-forest-labs/flux2
+# src/flux2/text_encoder.py; diffusers' Flux2KleinPipeline._get_qwen3_prompt_embeds), that is
+# "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", in the Qwen3
+# vocabulary (Qwen/Qwen3-4B tokenizer.json).
 EMPTY_PROMPT_IDS = [151644, 872, 198, 151645, 198, 151644, 77091, 198, 151667, 271, 151668, 271]
 # Native ComfyUI (KleinTokenizer, qwen25_tokenizer) for "a red fox in the snow", before its 494 pads.
 FOX_IDS = [151644, 872, 198, 64, 2518, 38835, 304, 279, 11794, 151645, 198, 151644, 77091, 198, 151667, 271]

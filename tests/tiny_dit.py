@@ -2,7 +2,8 @@
 
 The diffusers model is the source of truth for the weights: it is built by diffusers' own class with seeded
 random weights, saved with ``save_pretrained`` (the real diffusers folder layout), and converted to the BFL
-single-file layout here, by a mapping written from the published key table (not by the product's loader).
+single-file layout here, by a mapping written from diffusers' key map (loaders/single_file_utils.py,
+``convert_flux2_transformer_checkpoint_to_diffusers``, inverted), not by the product's loader.
 """
 
 from __future__ import annotations

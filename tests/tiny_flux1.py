@@ -262,7 +262,8 @@ PARITY_VAE = dict(
     scaling_factor=0.3611,
     shift_factor=0.1159,
 )
-# FLUX.1 Fill's scheduler_config.json (spec 7.1).
+# FLUX.1 Fill's scheduler config (black-forest-labs/FLUX.1-Fill-dev scheduler/scheduler_config.json, a
+# FlowMatchEulerDiscreteScheduler).
 FILL_SCHEDULER = dict(
     base_image_seq_len=256,
     base_shift=0.5,
@@ -339,7 +340,8 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: Path, prefix: str = "")
 
 
 def bfl_fill_state_dict(model) -> dict[str, torch.Tensor]:
-    """A diffusers ``FluxTransformer2DModel``'s weights under BFL names, by the spec's key table (3.1): q/k/v
+    """A diffusers ``FluxTransformer2DModel``'s weights under BFL names, by the key map of diffusers'
+    ``convert_flux_transformer_checkpoint_to_diffusers`` (loaders/single_file_utils.py) inverted: q/k/v
     concatenated (weights and biases), the single blocks' q/k/v/MLP into ``linear1``, QK-norm weights as
     ``.scale``, ``norm_out``'s (scale; shift) halves swapped into (shift; scale)."""
     sd = model.state_dict()

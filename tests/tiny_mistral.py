@@ -8,7 +8,9 @@ vocabulary is the real 131072 rows, so every Tekken id has an embedding.
 The reference tokenizer is transformers' own Tekken conversion (``convert_tekken_tokenizer``: a Rust
 ``tokenizers`` BPE over merges it derives, its own regex engine and added-token splitting) of a v7-style
 ``tekken.json`` written here: mistral-common's vocabulary plus the explicit 1000-entry control-token list of
-Mistral's published control tokens, written out here rather than taken from the product.
+Mistral's control tokens (mistral-common's tokens/tokenizers/tekken.py:
+``Tekkenizer.DEPRECATED_SPECIAL_TOKENS`` for ids 0-19, ``SPECIAL_TOKEN_TEMPLATE`` for the rest), written out
+here rather than taken from the product.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ TINY_VISION = dict(
     patch_size=6,
 )
 
-# Tekken's control ids 0-19 by name, 20-999 reserved.
+# Tekken's control ids 0-19 by name (mistral-common's Tekkenizer.DEPRECATED_SPECIAL_TOKENS), 20-999 reserved
+# (its SPECIAL_TOKEN_TEMPLATE).
 CONTROL_TOKENS = (
     "<unk> <s> </s> [INST] [/INST] [AVAILABLE_TOOLS] [/AVAILABLE_TOOLS] [TOOL_RESULTS] [/TOOL_RESULTS] "
     "[TOOL_CALLS] [IMG] <pad> [IMG_BREAK] [IMG_END] [PREFIX] [MIDDLE] [SUFFIX] [SYSTEM_PROMPT] "

@@ -13,12 +13,16 @@ Native ComfyUI's CLIP-L and T5-XXL are fixed full-size models, so the text condi
 probe: one seeded random T5 [1, 512, 4096] / pooled [1, 768] pair, given to native as CONDITIONING and to
 our sampler as our Fill conditioning (the same tensors).
 
-Native graph (the spec's): UNETLoader -> ModelSamplingFlux(1.15, 0.5, width, height); LoadImage of an RGBA
-picture whose transparent box is the MASK; InpaintModelConditioning(noise_mask off) -> FluxGuidance(30);
-KSampler(euler, simple, cfg 1, denoise 1) -> VAEDecode. Ours: Fill model / VAE loaders -> Fill sampler ->
-Fill decode. The two PNGs must agree within 2/255, and native VAEDecode of our sampler's LATENT must give
-our decode. Controls show the comparison can fail (another seed, another text, guidance 3.5). It is also
-sensitive to the numeric conventions where BFL / diffusers and ComfyUI part (spec section 8.2), measured
+Native graph (ComfyUI's own Fill nodes, set to BFL's sampling: ModelSamplingFlux's max / base shift 1.15 /
+0.5 with scheduler simple is BFL's get_schedule, noise_mask off samples the whole latent as BFL's cli_fill
+does): UNETLoader -> ModelSamplingFlux(1.15, 0.5, width, height); LoadImage of an RGBA picture whose
+transparent box is the MASK; InpaintModelConditioning(noise_mask off) -> FluxGuidance(30); KSampler(euler,
+simple, cfg 1, denoise 1) -> VAEDecode. Ours: Fill model / VAE loaders -> Fill sampler -> Fill decode. The
+two PNGs must agree within 2/255, and native VAEDecode of our sampler's LATENT must give our decode.
+Controls show the comparison can fail (another seed, another text, guidance 3.5). It is also sensitive to the
+numeric conventions where BFL / diffusers and ComfyUI part (BFL's denoise in black-forest-labs/flux
+src/flux/sampling.py builds the timestep and guidance vectors in the latent dtype, bfloat16, and diffusers'
+FluxTransformer2DModel.forward scales both by 1000 in the model dtype; ComfyUI keeps them float32), measured
 in-process on these weights with ``sample_fill`` against itself: the guidance formed as bfloat16 29952
 instead of float32 30000 moves the image by a mean 30/255, timesteps rounded to bfloat16 by up to 53/255,
 256 T5 tokens instead of 512 by a mean 19/255. Wrong files in the loaders fail the prompt with our message.
