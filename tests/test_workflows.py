@@ -792,7 +792,8 @@ def test_the_generator_reads_the_contract_from_the_node_classes():
         spec = specs[node_id]
         assert spec.display_name == node.display, node_id
         assert {s.name: (s.type, not s.optional) for s in spec.inputs} == node.sockets, node_id
-        assert [w.name for w in spec.widgets] == node.widgets, node_id
+        kinds = dict(node.required + node.optional)
+        assert [(w.name, w.type) for w in spec.widgets] == [(w, kinds[w]) for w in node.widgets], node_id
         assert [w.name for w in spec.widgets if not w.optional] == [
             name for name in node.required_names if name in node.widgets
         ], node_id
