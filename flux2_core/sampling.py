@@ -20,6 +20,7 @@ from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
 from .devices.streaming import streamer_of
 from .dit.kv_cache import RefKVCache
 from .dit.rope import image_ids, text_ids
+from .dit.step_cache import StepCache
 from .dit.transformer import Flux2Model
 from .editing import inpaint_blend
 from .errors import Flux2Error
@@ -137,6 +138,7 @@ def sample(
     strength: float = 1.0,
     kv_cache: RefKVCache | None = None,
     mask: torch.Tensor | None = None,
+    step_cache: float | StepCache = 0.0,
 ) -> torch.Tensor:
     """Generate latents [B, 128, H/16, W/16] (float32, CPU) from text conditioning [1 or B, T, C].
 
@@ -145,7 +147,8 @@ def sample(
     ``strength`` < 1 begin part-way down the schedule from that latent instead of from pure noise.
     ``kv_cache`` is the references' K/V from ``encode_reference_kv`` (KV model), computed here if not given.
     ``mask`` (packed [1 or B, h * w, 1] from ``editing.latent_mask``, 1 = repaint) inpaints ``start``: after
-    every step the latent outside the mask is ``start`` noised to the new sigma.
+    every step the latent outside the mask is ``start`` noised to the new sigma. ``step_cache`` is the
+    First-Block Cache threshold (0: off) or a ``StepCache`` to read what it did from (``dit.step_cache``).
     """
     check_request(*settings_numbers(settings))
     check_conditioning(model, positive)
@@ -174,8 +177,10 @@ def sample(
     conds = [positive] + ([negative] if use_cfg else [])
     if model.variant.kv_cache and references is not None and len(references) and kv_cache is None:
         kv_cache = encode_reference_kv(model, references)
+    cache = StepCache.of(step_cache)
+    cache.start(len(conds))
     denoise = KleinDenoiser(
-        model, conds, settings, references, grid, kv_cache if model.variant.kv_cache else None
+        model, conds, settings, references, grid, kv_cache if model.variant.kv_cache else None, cache
     )
     _check_editing(start, strength, mask, settings, grid)
     sigmas = truncate(get_sigmas(settings.steps, grid[0] * grid[1]).tolist(), strength)
@@ -191,6 +196,8 @@ def sample(
         patched(model.transformer, DIT, model.loras),
     ):
         x = euler(denoise, x, sigmas, report, blend)
+    if cache.passes:
+        log.info("%s", cache.describe())
     if not torch.isfinite(x).all():
         raise Flux2Error(
             "sampling produced NaN or infinite values, so the image would be garbage. Likely causes: weights "
@@ -243,8 +250,11 @@ def settings_numbers(settings: SampleSettings) -> tuple:
 class KleinDenoiser:
     """The velocity of one step (see the module docstring for the guidance kinds and the KV model)."""
 
-    def __init__(self, model: Flux2Model, conds, settings: SampleSettings, references, grid, kv_cache=None):
+    def __init__(
+        self, model: Flux2Model, conds, settings: SampleSettings, references, grid, kv_cache=None, cache=None
+    ):
         self.net = model.transformer
+        self.cache = cache or StepCache()  # one FirstBlockCache per pass (conditional, unconditional)
         self.guidance = settings.guidance
         device, dtype = self.net.device, self.net.dtype
         self.x_ids = image_ids(*grid)  # ids stay on the CPU: the model turns them into a cached RoPE table
@@ -263,15 +273,15 @@ class KleinDenoiser:
         g = self.embedded.to(x.device) if self.embedded is not None else None
         velocities = []
         with torch.inference_mode():
-            for ctx, ctx_ids in self.conds:
+            for i, (ctx, ctx_ids) in enumerate(self.conds):
+                step = self.cache.pass_cache(i)  # None when off: the call is the one without a cache
+                kw = {"guidance": g} if step is None else {"guidance": g, "step_cache": step}
                 if self.kv_cache is not None:
-                    v = self.net.forward_kv_cached(
-                        x_in, self.x_ids, t, ctx, ctx_ids, self.kv_cache, guidance=g
-                    )
+                    v = self.net.forward_kv_cached(x_in, self.x_ids, t, ctx, ctx_ids, self.kv_cache, **kw)
                 elif self.refs is not None:
-                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, *self.refs, guidance=g)
+                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, *self.refs, **kw)
                 else:
-                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, guidance=g)
+                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, **kw)
                 velocities.append(v.float())
         if len(velocities) == 2:
             v_cond, v_uncond = velocities

@@ -32,6 +32,7 @@ from tiny_flux1 import (
 )
 from transformers import CLIPTokenizer, T5TokenizerFast
 
+from flux2_core.dit.step_cache import StepCache
 from flux2_core.editing import outpaint_canvas
 from flux2_core.flux1 import (
     FillSettings,
@@ -50,6 +51,10 @@ from flux2_core.flux1.transformer import image_ids, text_ids
 TOLERANCE = 1e-4  # max abs difference on the final latents (the bound asked of parity), float32 on the CPU
 SCALE, SHIFT = 0.3611, 0.1159  # the FLUX.1 VAE's latent normalisation (BFL, diffusers)
 PROMPTS = ["A painting of a squirrel eating a burger", "a red fox in the snow, oil on canvas"]
+FBC_STEPS = 12
+# the first block's residual changes by about 0.45-0.8 of its size per step on these random weights (real
+# models: 0.05-0.3), so these thresholds skip 1, 6 and 10 of the 12 steps
+FBC_THRESHOLDS = (0.5, 0.6, 0.7)
 
 
 @pytest.fixture(scope="module")
@@ -428,3 +433,40 @@ def test_real_tokenizers_end_to_end(refs, files):
     fill = fill_inputs(load_flux1_vae(files["vae"]), image * 2 - 1, mask)
     raw = sample_fill(load_fill_transformer(files["dit"]), encoder.encode(prompt), fill, FillSettings(5, 3))
     assert (pack_latent((raw - SHIFT) * SCALE) - want).abs().max().item() < TOLERANCE
+
+
+# ---- the First-Block Cache against diffusers' own ------------------------------------------------------
+
+
+@pytest.mark.parametrize("threshold", FBC_THRESHOLDS)
+def test_the_step_cache_is_diffusers_first_block_cache(ours, pipe, threshold):
+    # diffusers' rule on its own FLUX.1 transformer (FirstBlockCacheConfig through enable_cache, the pipeline
+    # call inside one cache_context), ours through sample_fill's step_cache, same weights, seed, schedule
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    batch, height, width, steps, guidance, seed = 1, 64, 96, FBC_STEPS, 30.0, 5
+    image, mask = _image(batch, height, width, seed), _soft_mask(batch, height, width, seed)
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+    try:
+        pipe.transformer._reset_stateful_cache()
+        with pipe.transformer.cache_context("cond"):
+            want = _diffusers_run(pipe, PROMPTS[:1], image, mask, steps, guidance, seed)
+    finally:
+        pipe.transformer.disable_cache()
+    fill = fill_inputs(ours["vae"], image * 2 - 1, mask)
+    cache = StepCache(threshold)
+    settings = FillSettings(seed=seed, steps=steps, guidance=guidance, batch_size=batch)
+    raw = sample_fill(ours["dit"], ours["text"].encode(PROMPTS[:1]), fill, settings, step_cache=cache)
+    got = pack_latent((raw - SHIFT) * SCALE)
+    assert (got - want).abs().max().item() < TOLERANCE
+    assert 1 < cache.passes[0].full_steps < steps  # the threshold skips steps here, not all of them
+
+
+def test_a_step_cache_of_zero_is_no_cache(ours):
+    image, mask = _image(1, 64, 96, 5), _soft_mask(1, 64, 96, 5)
+    fill = fill_inputs(ours["vae"], image * 2 - 1, mask)
+    cond, settings = ours["text"].encode(PROMPTS[:1]), FillSettings(seed=5, steps=3)
+    cache = StepCache(0.0)
+    plain = sample_fill(ours["dit"], cond, fill, settings)
+    assert torch.equal(sample_fill(ours["dit"], cond, fill, settings, step_cache=cache), plain)
+    assert cache.passes == []

@@ -163,6 +163,11 @@ class TensorComm(LocalComm):
             f.view(p.shape) for f, p in zip(flat.split([p.numel() for p in parts]), parts, strict=True)
         )
 
+    def sum_image_tokens(self, stats: torch.Tensor) -> torch.Tensor:
+        out = stats.flatten(1).sum(1)  # every process holds every token: the sums are world times one's
+        dist.all_reduce(out, group=self.group)
+        return out
+
 
 class SequenceComm(LocalComm):
     """Ulysses sequence parallelism (see the module docstring). ``split_tokens`` records the layout of one
@@ -221,6 +226,13 @@ class SequenceComm(LocalComm):
         back = torch.empty_like(x)
         dist.all_to_all_single(back, x, group=self.group)  # share i: this rank's tokens of head group i
         return back.permute(1, 0, 2, 3, 4).reshape(batch, p * local_heads, length, dim)
+
+    def sum_image_tokens(self, stats: torch.Tensor) -> torch.Tensor:
+        _, num_img, _, ic = self._layout
+        real = (self.rank * ic + torch.arange(stats.shape[-1], device=stats.device)) < num_img  # no pads
+        out = (stats * real).flatten(1).sum(1)
+        dist.all_reduce(out, group=self.group)
+        return out
 
     def gather_tokens(self, img: torch.Tensor) -> torch.Tensor:
         shares = [torch.empty_like(img) for _ in range(self.world)]

@@ -49,6 +49,11 @@ class LocalComm:
         """Every image token, from this process's ``split_tokens`` share."""
         return img
 
+    def sum_image_tokens(self, stats: torch.Tensor) -> torch.Tensor:
+        """[K, B, local image tokens] per-token statistics -> [K] sums over every real image token of every
+        process (the same numbers on all of them)."""
+        return stats.flatten(1).sum(1)
+
 
 LOCAL = LocalComm()
 

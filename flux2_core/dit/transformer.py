@@ -93,13 +93,13 @@ class Flux2Transformer(DiT):
         )
         self.final_layer = LastLayer(hidden, config.in_channels)
 
-    def forward(self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None):
+    def forward(self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None, step_cache=None):
         num_img = x.shape[1]
         if ref is not None and ref.shape[1] > 0:
             x = torch.cat([x, ref.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1)
             x_ids = torch.cat([x_ids, ref_ids])
         vec = self._vec(t, guidance, x.dtype)
-        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), self._mods(vec))
+        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), self._mods(vec), step_cache=step_cache)
         return self.final_layer(out[:, :num_img], vec)
 
     @torch.inference_mode()
@@ -117,12 +117,13 @@ class Flux2Transformer(DiT):
         self._run_blocks(ref.to(self.dtype), no_text, ref_ids, self._mods(vec), cache=cache)
         return cache
 
-    def forward_kv_cached(self, x, x_ids, t, ctx, ctx_ids, cache: RefKVCache, guidance=None):
+    def forward_kv_cached(self, x, x_ids, t, ctx, ctx_ids, cache: RefKVCache, guidance=None, step_cache=None):
         """Text and noisy tokens attend to themselves and to the cached reference K/V."""
         if not cache.filled:
             cache.double[0].get(x.shape[0])  # raises the clear "cache is empty" error
         vec = self._vec(t, guidance, x.dtype)
-        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), self._mods(vec), cache=cache)
+        ids = torch.cat([ctx_ids, x_ids])
+        out = self._run_blocks(x, ctx, ids, self._mods(vec), cache=cache, step_cache=step_cache)
         return self.final_layer(out, vec)
 
     def _vec(self, t: torch.Tensor, guidance: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -144,8 +145,9 @@ class Flux2Transformer(DiT):
             self.single_stream_modulation(vec)[0],
         )
 
-    def _run_blocks(self, img, ctx, ids, mods, cache: RefKVCache | None = None):
-        """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part."""
+    def _run_blocks(self, img, ctx, ids, mods, cache: RefKVCache | None = None, step_cache=None):
+        """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part.
+        ``step_cache`` (a ``step_cache.FirstBlockCache``) may end the step after the first block."""
         img_mod, txt_mod, single_mod = mods
         ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
         pe = self._rope(ids, img.device)
@@ -153,14 +155,22 @@ class Flux2Transformer(DiT):
         txt = self.txt_in(ctx.to(img.dtype))
         for i, block in enumerate(self.double_blocks):
             kv = cache.double[i] if cache is not None else None
+            before = img
             img, txt = block(img, txt, img_mod, txt_mod, pe, kv=kv)
             img, txt = _fp16_safe(img), _fp16_safe(txt)
+            if i == 0 and step_cache is not None:
+                cached = step_cache.skip(before, img, self.comm)
+                if cached is not None:
+                    return self.comm.gather_tokens(_fp16_safe(cached))
         num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
         for i, block in enumerate(self.single_blocks):
             kv = cache.single[i] if cache is not None else None
             h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv))
-        return self.comm.gather_tokens(h[:, num_txt:])
+        out = h[:, num_txt:]
+        if step_cache is not None:
+            step_cache.ran_all(out)
+        return self.comm.gather_tokens(out)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..configs import FLUX1
+from ..dit.step_cache import StepCache
 from ..errors import Flux2Error
 from ..flow import StepCallback, euler, make_noise, shifted_sigmas, start_from, truncate
 from ..hooks import before_each, calling
@@ -77,11 +78,13 @@ def sample_fill(
     settings: FillSettings,
     callback: StepCallback | None = None,
     interrupt: Callable[[], None] | None = None,
+    step_cache: float | StepCache = 0.0,
 ) -> torch.Tensor:
     """Fill latents: ComfyUI's FLUX.1 ``LATENT`` [B, 16, H/8, W/8] (raw VAE space), float32 on the CPU.
 
     ``callback(step, total, x0)`` gets each finished step's predicted clean latent in the model's (scaled)
     space, [B, 16, H/8, W/8]; ``interrupt`` is called before every block and may raise to stop the run.
+    ``step_cache``: the First-Block Cache threshold (0: off) or a ``StepCache`` (``dit.step_cache``).
     """
     width, height = fill.size
     s = settings
@@ -98,7 +101,9 @@ def sample_fill(
     noise = pack_latent(make_noise(s.batch_size, height, width, s.seed, FLUX1)).to(device)
     source = fill.source.to(device).expand_as(noise) if s.denoise < 1.0 else None
     x = start_from(noise, source, sigmas[0])
-    denoise = FillDenoiser(model, positive, fill, s)
+    cache = StepCache.of(step_cache)
+    cache.start(1)
+    denoise = FillDenoiser(model, positive, fill, s, cache.pass_cache(0))
     report = None
     if callback is not None:
         report = lambda step, total, x0: callback(step, total, unpack_latent(x0, fill.grid))  # noqa: E731
@@ -111,14 +116,19 @@ def sample_fill(
         )
     log.info("%s: %dx%d, %d steps, guidance %g, seed %d", model.name, width, height, len(sigmas) - 1,
              s.guidance, s.seed)  # fmt: skip
+    if cache.passes:
+        log.info("%s", cache.describe())
     return LATENT_FORMAT.from_latent(unpack_latent(x, fill.grid)).cpu()
 
 
 class FillDenoiser:
     """The velocity of one step: noisy tokens | fill tokens -> the DiT, with the embedded guidance."""
 
-    def __init__(self, model: Flux1FillModel, positive: FillConditioning, fill: FillInputs, s: FillSettings):
+    def __init__(
+        self, model: Flux1FillModel, positive: FillConditioning, fill: FillInputs, s: FillSettings, cache=None
+    ):
         self.net = model.transformer
+        self.cache = cache  # a FirstBlockCache, or None
         device, dtype = self.net.device, self.net.dtype
         batch = s.batch_size
         self.ctx = _batch(positive.t5, batch, "prompts").to(device, dtype)
@@ -131,7 +141,9 @@ class FillDenoiser:
         t = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
         with torch.inference_mode():
             tokens = torch.cat([x.to(self.cond.dtype), self.cond], dim=-1)
-            v = self.net(tokens, self.x_ids, t, self.ctx, self.ctx_ids, self.pooled, self.guidance)
+            args = (tokens, self.x_ids, t, self.ctx, self.ctx_ids, self.pooled, self.guidance)
+            # without a cache the call is the one without it
+            v = self.net(*args) if self.cache is None else self.net(*args, step_cache=self.cache)
         return v.float()
 
 

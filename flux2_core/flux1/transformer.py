@@ -21,6 +21,7 @@ from torch import nn
 
 from ..dit import rope
 from ..dit.layers import (
+    LOCAL,
     DoubleStreamBlock,
     LastLayer,
     MLPEmbedder,
@@ -75,7 +76,7 @@ class Flux1Transformer(DiT):
         )
         self.final_layer = LastLayer(hidden, config.out_channels, bias=True)
 
-    def forward(self, x, x_ids, t, ctx, ctx_ids, y, guidance=None):
+    def forward(self, x, x_ids, t, ctx, ctx_ids, y, guidance=None, step_cache=None):
         dtype = x.dtype
         vec = self.time_in(timestep_embedding(t).to(dtype)) + self.vector_in(y.to(dtype))
         if self.config.guidance_embed:
@@ -86,12 +87,19 @@ class Flux1Transformer(DiT):
             vec = vec + self.guidance_in(timestep_embedding(scaled, factor=1.0).to(dtype))
         pe = self._rope(torch.cat([ctx_ids, x_ids]), x.device)
         img, txt = self.img_in(x), self.txt_in(ctx.to(dtype))
-        for block in self.double_blocks:
+        for i, block in enumerate(self.double_blocks):
+            before = img
             img, txt = block(img, txt, vec, pe)
+            if i == 0 and step_cache is not None:  # First-Block Cache (dit/step_cache.py)
+                cached = step_cache.skip(before, img, LOCAL)
+                if cached is not None:
+                    return self.final_layer(cached, vec)
         num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
         for block in self.single_blocks:
             h = block(h, vec, pe, num_txt=num_txt)
+        if step_cache is not None:
+            step_cache.ran_all(h[:, num_txt:])
         return self.final_layer(h[:, num_txt:], vec)
 
 
