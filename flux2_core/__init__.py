@@ -34,6 +34,7 @@ from .devices.placement import BlockPlacement, parse_devices, place_blocks, remo
 from .devices.streaming import disable_streaming, enable_streaming, streamer_of
 from .dit.files import load_transformer
 from .dit.kv_cache import RefKVCache
+from .dit.step_cache import MAX_STEP_CACHE, STEP_CACHE_HELP, StepCache
 from .dit.transformer import Flux2Model, Flux2Transformer, compile_blocks
 from .editing import Stitch, composite, latent_mask, outpaint_canvas, prepare_inpaint
 from .errors import Flux2Error
@@ -96,6 +97,7 @@ __all__ = [
     "MAX_SEED",
     "MAX_SIZE",
     "MAX_STEPS",
+    "MAX_STEP_CACHE",
     "KLEIN_4B",
     "KLEIN_9B",
     "KLEIN_VARIANTS",
@@ -120,7 +122,9 @@ __all__ = [
     "ReferenceLatents",
     "RefKVCache",
     "RefKVStore",
+    "STEP_CACHE_HELP",
     "SampleSettings",
+    "StepCache",
     "Stitch",
     "TextEncoder",
     "Variant",

@@ -12,10 +12,13 @@ from ..flux2_core import (
     MAX_BATCH,
     MAX_FILL_GUIDANCE,
     MAX_SEED,
+    MAX_STEP_CACHE,
     MAX_STEPS,
+    STEP_CACHE_HELP,
     FillConditioning,
     FillSettings,
     Flux2Error,
+    StepCache,
     check_fits,
     check_request,
     fill_inputs,
@@ -124,18 +127,22 @@ class Flux1FillSampler:
                 "crop_to_mask": socket("BOOLEAN", TOOLTIPS["crop_to_mask"], default=False),
                 "context": socket("INT", TOOLTIPS["context"], default=64, min=0, max=2048),
                 "batch_size": socket("INT", TOOLTIPS["batch_size"], default=1, min=1, max=MAX_BATCH),
+                "step_cache": socket(
+                    "FLOAT", STEP_CACHE_HELP, default=0.0, min=0.0, max=MAX_STEP_CACHE, step=0.01
+                ),
             },
         }
 
     def sample(self, model: types.FillModel, positive: FillConditioning, vae: types.FillVAE, image, mask,
                seed, steps, guidance, denoise=1.0, grow_mask=0, crop_to_mask=False, context=64,
-               batch_size=1):  # fmt: skip
+               batch_size=1, step_cache=0.0):  # fmt: skip
         if image.shape[0] != 1 or (mask.ndim == 3 and mask.shape[0] != 1):
             raise Flux2Error("inpaint one image at a time: the image (and mask) batch must hold one")
         crop, crop_mask, stitch = prepare_inpaint(image[0], mask, grow_mask, crop_to_mask, context)
         height, width = crop_mask.shape
         # linked values skip the widget ranges: every number is checked before a model is loaded
         check_request(width, height, steps, guidance, seed, batch_size, MAX_FILL_GUIDANCE)
+        step = StepCache(step_cache)
         host.load(vae.patcher, vae.vae.encode_memory(height, width))
         with host.out_of_memory(f"encoding {width}x{height}", "use crop_to_mask or a smaller image"):
             fill = fill_inputs(vae.vae, convert.image_to_pixels(crop), crop_mask, with_source=denoise < 1.0)
@@ -153,8 +160,10 @@ class Flux1FillSampler:
                 settings,
                 callback=host.step_reporter(steps, latent_format="Flux"),
                 interrupt=host.check_interrupt,
+                step_cache=step,
             )
-        return ({"samples": samples.to(host.intermediate_device())}, stitch)
+        result = ({"samples": samples.to(host.intermediate_device())}, stitch)
+        return convert.with_ui_text(result, step.describe())
 
 
 class Flux1FillDecode:

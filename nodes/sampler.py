@@ -15,9 +15,12 @@ from ..flux2_core import (
     MAX_GUIDANCE,
     MAX_SEED,
     MAX_SIZE,
+    MAX_STEP_CACHE,
     MAX_STEPS,
+    STEP_CACHE_HELP,
     RefKVStore,
     SampleSettings,
+    StepCache,
     check_conditioning,
     check_fits,
     check_request,
@@ -59,6 +62,7 @@ TOOLTIPS = {
     "kv_cache": "9B-KV model only (others ignore it): reuse keeps the references' keys/values across runs, "
     "so a new prompt or seed with the same references skips the reference pass (same output as without). "
     "off: compute every run.",
+    "step_cache": STEP_CACHE_HELP,
 }
 
 
@@ -100,6 +104,9 @@ class Flux2KleinSampler:
                 "latent": socket(types.LATENT, TOOLTIPS["latent"]),
                 "denoise": socket("FLOAT", TOOLTIPS["denoise"], default=1.0, min=0.0, max=1.0, step=0.01),
                 "kv_cache": socket(["reuse", "off"], TOOLTIPS["kv_cache"], default="reuse"),
+                "step_cache": socket(
+                    "FLOAT", TOOLTIPS["step_cache"], default=0.0, min=0.0, max=MAX_STEP_CACHE, step=0.01
+                ),
             },
         }
 
@@ -132,9 +139,11 @@ class Flux2KleinSampler:
         latent=None,
         denoise=1.0,
         kv_cache="reuse",
+        step_cache=0.0,
     ):
         width, height, batch_size = convert.output_size(width, height, batch_size, references, latent)
         settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
+        step = StepCache(step_cache)  # checked before anything is loaded
         check_request(*settings_numbers(settings))  # linked values skip the widget ranges
         grid = (height // SIZE_MULTIPLE, width // SIZE_MULTIPLE)
         noise_mask = latent.get("noise_mask") if isinstance(latent, dict) else None
@@ -166,11 +175,12 @@ class Flux2KleinSampler:
                 strength=denoise,
                 mask=mask,
                 kv_cache=cache,
+                step_cache=step,
             )
         out = {"samples": samples.to(host.intermediate_device())}
         if noise_mask is not None:  # kept, as native samplers keep it, for a second (refining) pass
             out["noise_mask"] = noise_mask
-        return (out,)
+        return convert.with_ui_text((out,), step.describe())
 
     @staticmethod
     def _reference_kv(model, references, mode: str):

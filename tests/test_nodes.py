@@ -906,3 +906,22 @@ def test_block_split_across_a_gpu_and_the_cpu_matches_the_gpu_alone(nodes, dev, 
     blocks = split.model.transformer.blocks()
     assert next(blocks[0].parameters()).is_cuda and not next(blocks[-1].parameters()).is_cuda
     torch.testing.assert_close(b["samples"], a["samples"], rtol=0, atol=1e-4)
+
+
+def test_the_step_cache_input_runs_the_cores_cache_and_says_what_it_did(nodes, loaded, pack):
+    args = dict(model=loaded["model"], positive=loaded["positive"], seed=7, steps=8, guidance=1.0,
+                width=64, height=64, batch_size=1)  # fmt: skip
+    sampler = nodes["Flux2KleinSampler"]
+    plain = sampler.sample(**args)
+    assert isinstance(plain, tuple)  # 0, the default: no cache, nothing shown
+    assert torch.equal(sampler.sample(**args, step_cache=0.0)[0]["samples"], plain[0]["samples"])
+    shown = sampler.sample(**args, step_cache=1.0)  # random weights change by about 1 per step
+    core = core_module(pack)
+    cache = core.StepCache(1.0)
+    expected = core.sample(loaded["model"].model, loaded["positive"].embeds,
+                           core.SampleSettings(64, 64, 8, 1.0, 7, 1), step_cache=cache)  # fmt: skip
+    assert torch.equal(shown["result"][0]["samples"], expected)
+    assert shown["ui"]["text"] == [cache.describe()] and 1 < cache.passes[0].full_steps < 8
+    assert cache.describe().startswith("step cache 1: ") and cache.describe().endswith(
+        " of 8 steps ran every block"
+    )

@@ -569,3 +569,21 @@ def test_the_tokenizers_of_a_comfyui_checkout_load_too():
     assert tokenize(found["t5"], prompt, 512, "T5")[0, :12].tolist() == [
         71, 3924, 13, 3, 9, 26364, 3182, 3, 9, 3, 9079, 1
     ]  # fmt: skip
+
+
+def test_the_step_cache_input_says_what_it_did(nodes, loaded, pack):
+    source, mask = image(64, 64, seed=4), box_mask(64, 64, 16, 16, 48, 48)
+    (plain, _) = run_sampler(nodes, loaded, source, mask, steps=8)
+    (same, _) = run_sampler(nodes, loaded, source, mask, steps=8, step_cache=0.0)
+    assert torch.equal(plain["samples"], same["samples"])
+    shown = run_sampler_ui(nodes, loaded, source, mask, steps=8, step_cache=1.0)
+    (text,) = shown["ui"]["text"]
+    assert text.startswith("step cache 1: ") and text.endswith(" of 8 steps ran every block")
+    full = int(text.split(": ")[1].split(" ")[0])
+    assert 0 < full < 8 and not torch.equal(shown["result"][0]["samples"], plain["samples"])
+
+
+def run_sampler_ui(nodes, loaded, source, mask, **overrides):
+    args = dict(model=loaded["model"], positive=loaded["positive"], vae=loaded["vae"], image=source,
+                mask=mask, seed=7, steps=2, guidance=30.0)  # fmt: skip
+    return nodes["Flux1FillSampler"].sample(**{**args, **overrides})

@@ -36,6 +36,7 @@ from flux2_core.devices.parallel import (
 )
 from flux2_core.devices.parallel_load import load_transformer_parallel, planned_weight_bytes
 from flux2_core.dit.files import DIT_SPEC, load_transformer
+from flux2_core.dit.step_cache import StepCache
 from flux2_core.dit.transformer import Flux2Transformer
 from flux2_core.errors import Flux2Error
 from flux2_core.ops import linears
@@ -66,6 +67,9 @@ RUNS = {
     )
     for mode in ("tensor", "sequence")
 }
+# the step cache's run: file, the case whose inputs it takes, threshold (random weights change by about 1 per
+# step: see test_step_cache.py), steps
+CACHED = ("flux-2-klein-4b.safetensors", "klein-tensor", 1.0, 8)
 REFUSED = {  # file, mode -> what the error names
     "three-heads-tensor": ("three-heads.safetensors", "tensor", "divides the model's 3 heads"),
     "three-heads-sequence": ("three-heads.safetensors", "sequence", "divides the model's 3 heads"),
@@ -162,6 +166,23 @@ def _settings(case: str) -> SampleSettings:
     return SampleSettings(width, height, steps=2, guidance=guidance, seed=3, batch_size=batch)
 
 
+def _record_sums(comm) -> list:
+    """The statistics ``comm.sum_image_tokens`` returns, from now on, in a list."""
+    sums, summed = [], comm.sum_image_tokens
+
+    def recording(stats):
+        out = summed(stats)
+        sums.append(out.tolist())
+        return out
+
+    comm.sum_image_tokens = recording
+    return sums
+
+
+def _cached_settings() -> SampleSettings:
+    return SampleSettings(80, 64, steps=CACHED[3], guidance=1.0, seed=3)
+
+
 def _inputs(root: Path, case: str):
     data = torch.load(root / f"{case}.inputs.pt")
     return data["ctx"], ReferenceLatents.from_latents(data["refs"])
@@ -182,6 +203,14 @@ def _worker(rank: int, root: str, port: int) -> None:
             np.save(root / f"{case}.rank{rank}.npy", latents.numpy())
             info = parallel_info(model)
             report[case] = {"weight_bytes": info.weight_bytes, "bytes_read": info.bytes_read}
+        for mode in ("tensor", "sequence"):  # the step cache: every rank takes the same decisions
+            model = load_transformer_parallel(root / CACHED[0], mode, "distilled", torch.float32, "cpu")
+            ctx, refs = _inputs(root, CACHED[1]) if dist.is_main else (None, None)
+            ctx, refs = broadcast_conditioning(ctx), broadcast_references(refs)
+            cache, sums = StepCache(CACHED[2]), _record_sums(model.transformer.comm)
+            latents = sample(model, ctx, _cached_settings(), references=refs, step_cache=cache)
+            np.save(root / f"cached-{mode}.rank{rank}.npy", latents.numpy())
+            report[f"cached-{mode}"] = {"full": cache.passes[0].full_steps, "sums": sums}
         report["int8-convrot16"] = _int8_slices(root / "klein-int8-convrot16.safetensors", dist)
         for case, (file, mode, _) in REFUSED.items():
             try:
@@ -254,6 +283,26 @@ def test_parallel_result_equals_one_process(runs, case):
     assert np.array_equal(got[0], got[1]), "the ranks disagree"
     np.testing.assert_allclose(got[0], expected, atol=1e-5, rtol=0)
     assert np.abs(got[0] - expected).max() < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["tensor", "sequence"])
+def test_the_step_cache_takes_one_decision_on_every_rank(runs, mode):
+    root, reports = runs
+    model = load_transformer(root / CACHED[0], "distilled")
+    ctx, refs = _inputs(root, CACHED[1])
+    cache = StepCache(CACHED[2])
+    expected = sample(model, ctx, _cached_settings(), references=refs, step_cache=cache).numpy()
+    assert 1 < cache.passes[0].full_steps < CACHED[3]  # some steps skipped, not all
+    seen = [r[f"cached-{mode}"] for r in reports]
+    assert [s["full"] for s in seen] == [cache.passes[0].full_steps] * WORLD
+    # the statistics the decisions rest on are the same numbers on every rank, and (up to the order of the
+    # sums, and the world-fold count of tensor mode's replicated tokens) the one process's
+    assert seen[0]["sums"] == seen[1]["sums"] and len(seen[0]["sums"]) == CACHED[3] - 1
+    ratios = [change / scale for change, scale in seen[0]["sums"]]
+    assert 0.3 < min(ratios) and max(ratios) < 5.0, ratios
+    got = [np.load(root / f"cached-{mode}.rank{r}.npy") for r in range(WORLD)]
+    assert np.array_equal(got[0], got[1]), "the ranks disagree"
+    np.testing.assert_allclose(got[0], expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["klein", "dev", "fp8"])

@@ -18,6 +18,7 @@ from flux2_core.configs import VARIANTS
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.step_cache import FirstBlockCache, StepCache
 from flux2_core.dit.transformer import Flux2Model
+from flux2_core.errors import Flux2Error
 from flux2_core.sampling import SampleSettings, sample
 
 STEPS = 12
@@ -179,6 +180,55 @@ def test_the_kv_path_skips_with_the_reference_cache(net):
     assert (cached - plain).abs().mean() < 0.5 * plain.abs().mean()
 
 
-def test_a_negative_threshold_is_refused():
-    with pytest.raises(ValueError, match="give 0 \\(off\\) or a positive value"):
-        FirstBlockCache(-0.1)
+@pytest.mark.parametrize("threshold", [-0.1, float("nan"), 11.0])
+def test_a_threshold_out_of_range_is_refused_by_name(threshold):
+    with pytest.raises(Flux2Error, match="give 0 \\(off\\) or a threshold up to 10, e.g. 0.1"):
+        FirstBlockCache(threshold)
+
+
+def test_the_command_line_takes_a_threshold_and_refuses_a_bad_one(tmp_path, caplog):
+    import logging
+
+    from tiny_text import make_tiny_qwen3, write_comfy_file
+    from tiny_vae import random_vae_state_dict
+    from tiny_vae import write_bfl_file as write_vae
+
+    from flux2_core.cli.main import main
+
+    model = write_bfl_file(make_diffusers_dit(seed=3, joint_attention_dim=96), tmp_path / "klein.safetensors")
+    text_encoder = write_comfy_file(make_tiny_qwen3(), tmp_path / "qwen.safetensors")
+    files = ["--model", str(model), "--text-encoder", str(text_encoder),
+             "--vae", str(write_vae(random_vae_state_dict(seed=6), tmp_path / "vae.safetensors")),
+             "--prompt", "a fox", "--width", "64", "--height", "64", "--steps", "8"]  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        assert main(["generate", *files, "--output", str(tmp_path / "a.png"), "--step-cache", "1"]) == 0
+    assert " of 8 steps ran every block" in caplog.text and "step cache 1: " in caplog.text
+    caplog.clear()
+    assert main(["generate", *files, "--output", str(tmp_path / "b.png"), "--step-cache", "-1"]) == 2
+    assert "step cache -1.0: give 0 (off) or a threshold up to 10, e.g. 0.1" in caplog.text
+    assert not (tmp_path / "b.png").exists()
+
+
+def test_streamed_and_split_models_skip_the_same_steps_with_the_same_result(tmp_path):
+    from flux2_core.devices.placement import place_blocks, remove_placement
+    from flux2_core.devices.streaming import disable_streaming, enable_streaming
+
+    path = write_bfl_file(make_diffusers_dit(seed=3), tmp_path / "klein.safetensors")
+    torch.manual_seed(0)
+    text = torch.randn(1, 7, 24)
+    settings = SampleSettings(64, 80, STEPS, 1.0, seed=5)
+    resident, streamed, split = (load_transformer(path).transformer for _ in range(3))
+    caches = [StepCache(THRESHOLD) for _ in range(3)]
+    expected = sample(_model(resident), text, settings, step_cache=caches[0])
+    streamer = enable_streaming(streamed, "cpu")  # every block copied in just before it runs
+    held = []  # the block copies on the device when the final layer has run, at every step
+    hook = streamed.final_layer.register_forward_hook(lambda m, a, o: held.append(streamer.device_bytes))
+    got_streamed = sample(_model(streamed), text, settings, step_cache=caches[1])
+    hook.remove()
+    assert held == [0] * STEPS  # a step that stopped after the first block left no prefetched copy behind
+    disable_streaming(streamed)
+    place_blocks(split, ["cpu", "cpu"])  # the blocks over two devices (the CPU standing in for both)
+    got_split = sample(_model(split), text, settings, step_cache=caches[2])
+    remove_placement(split)
+    assert torch.equal(got_streamed, expected) and torch.equal(got_split, expected)
+    assert len({c.passes[0].full_steps for c in caches}) == 1 and caches[0].passes[0].full_steps < STEPS

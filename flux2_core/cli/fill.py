@@ -141,7 +141,8 @@ def generate_fill(request) -> list[Path]:
     for k in range(len(args.prompt)):
         positive = type(conditioning)(conditioning.t5[k : k + 1], conditioning.pooled[k : k + 1])
         with tqdm(total=steps, unit="step", disable=None) as bar:
-            results.append(sample_fill(model, positive, fill, settings, lambda *_: bar.update(1)))
+            report = lambda *_: bar.update(1)  # noqa: E731
+            results.append(sample_fill(model, positive, fill, settings, report, step_cache=args.step_cache))
     model.transformer.to("cpu")
     inputs.release(device)
     outputs = []

@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile", action="store_true", help="torch.compile the DiT's blocks (slow first step)"
     )
     gen.add_argument(
+        "--step-cache", type=float, default=0.0, metavar="THRESHOLD",
+        help="First-Block Cache: skip the blocks after the first on steps whose first block changes the "
+        "image as the last full step's did (0: off, the default; try 0.05-0.2 for 50-step models)",
+    )  # fmt: skip
+    gen.add_argument(
         "--parallel", default=None, choices=["tensor", "sequence"],
         help="under torchrun --nproc-per-node N: run the DiT across the N processes (one per GPU; --device "
         "cpu uses gloo): tensor splits the weights (about 1/N each), sequence the tokens; rank 0 writes",

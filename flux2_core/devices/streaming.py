@@ -147,9 +147,7 @@ class BlockStreamer:
 
     def release(self) -> None:
         """Drop every device copy now (after an interrupted run, or before the device memory is needed)."""
-        for block in list(self._live):
-            self._drop(block)
-        self._active = None
+        self._drop_all()
         while self._done:
             self._done.popleft().synchronize()
 
@@ -191,6 +189,11 @@ class BlockStreamer:
             block.copy.record_stream(compute)  # freed only once the compute stream is past its use
             block.ready = None
 
+    def _drop_all(self) -> None:
+        for block in list(self._live):
+            self._drop(block)
+        self._active = None
+
     def _drop(self, block: _Block) -> None:
         block.copy, block.ready = None, None
         self._live.discard(block)
@@ -222,7 +225,9 @@ class BlockStreamer:
             self._active = None
         self._drop(block)
 
-    def _hook(self, blocks: list[nn.Module], first: nn.Module | None) -> None:
+    def _hook(self, blocks: list[nn.Module], first: nn.Module | None, last: nn.Module | None = None) -> None:
+        if last is not None:  # no block runs after it: drop the copies of a step that stopped early
+            self._handles.append(last.register_forward_pre_hook(lambda m, args: self._drop_all()))
         for position, module in enumerate(blocks):
             self._handles.append(
                 module.register_forward_pre_hook(lambda m, args, p=position: self._before(p, args))
@@ -327,7 +332,7 @@ def enable_streaming(
             streamer._next[position] = streamer._blocks[upcoming]
     streamer.resident_blocks, streamer.streamed_blocks = tuple(resident), tuple(streamed)
     streamer.resident_bytes = total - streamer.streamed_bytes
-    streamer._hook(blocks, getattr(transformer, "img_in", None))
+    streamer._hook(blocks, getattr(transformer, "img_in", None), getattr(transformer, "final_layer", None))
     setattr(transformer, _ATTR, streamer)
     if move:
         streamer.home = _module_device(transformer)

@@ -146,6 +146,7 @@ def build_fill(r: FillRecipe) -> Graph:
             "crop_to_mask": False,
             "context": 64,
             "batch_size": 1,
+            "step_cache": 0.0,
         },
     )
     g.connect(model, sampler, "model")

@@ -124,6 +124,7 @@ def build(r: Recipe) -> Graph:
             "batch_size": 1,
             "denoise": r.denoise,
             "kv_cache": "reuse",
+            "step_cache": 0.0,
         },
     )
     g.connect(model, sampler, "model")
