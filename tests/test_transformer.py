@@ -335,15 +335,16 @@ def test_incomplete_file_is_named(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cpu_low_precision_attention_matches_sdpa_within_its_precision(dtype):
-    from flux2_core.dit import layers
+    from flux2_core.dit import attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 2500, 64, generator=g) for _ in range(3))  # several query chunks
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    got = layers.sdpa(q.to(dtype), k.to(dtype), v.to(dtype))
-    assert got.dtype == dtype and got.shape == want.shape
-    assert (got.float() - want).abs().max().item() < 2e-2
-    assert torch.equal(layers.sdpa(q, k, v), want)  # float32 keeps PyTorch's kernel
+    for kernel in (attention.matmul_kernel, attention.sdpa):  # the matrix products, and whichever is chosen
+        got = kernel(q.to(dtype), k.to(dtype), v.to(dtype))
+        assert got.dtype == dtype and got.shape == want.shape
+        assert (got.float() - want).abs().max().item() < 2e-2
+    assert torch.equal(attention.sdpa(q, k, v), want)  # float32 keeps PyTorch's kernel
 
 
 def test_rope_rotation_table_rotates_pairs_exactly():

@@ -19,6 +19,7 @@ from einops import rearrange
 from torch import nn
 
 from ..ops import Linear
+from .attention import sdpa
 from .kv_cache import RefKVLayer
 from .rope import apply_rope
 
@@ -198,28 +199,6 @@ def joint_attention(
     elif kv is not None:
         kv.store(k, v)
     return rearrange(comm.to_tokens(sdpa(q, k, v)), "B H L D -> B L (H D)")
-
-
-CPU_ATTENTION_CHUNK = 1024  # query rows per chunk: bounds the [chunk, L] score matrix of each head
-
-
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Softmax attention [B, H, L, D], by the fastest path for where it runs.
-
-    On a GPU and in float32, PyTorch's ``scaled_dot_product_attention`` (which picks its flash /
-    memory-efficient kernels). On a CPU in bfloat16 or float16 its kernel is slower than plain matrix
-    products, which run on the CPU's bf16 units (1.3-1.9x faster measured at 1.5k-5.6k tokens), so scores and
-    outputs are formed by two matmuls per chunk of queries (the error stays at the dtype's precision).
-    """
-    if q.device.type != "cpu" or q.dtype == torch.float32:
-        return F.scaled_dot_product_attention(q, k, v)
-    out = torch.empty_like(q)
-    scale, keys = q.shape[-1] ** -0.5, k.transpose(-1, -2)
-    for start in range(0, q.shape[2], CPU_ATTENTION_CHUNK):
-        rows = slice(start, start + CPU_ATTENTION_CHUNK)
-        scores = torch.matmul(q[:, :, rows] * scale, keys)
-        out[:, :, rows] = torch.matmul(scores.softmax(dim=-1), v)
-    return out
 
 
 class DoubleStreamBlock(nn.Module):

@@ -1,0 +1,102 @@
+"""Softmax attention [B, H, L, D] by the faster of its implementations where it runs, chosen by measurement.
+
+Two implementations exist:
+
+- ``sdpa``: PyTorch's ``scaled_dot_product_attention`` (flash / memory-efficient kernels on a GPU, its own
+  fused kernel on a CPU);
+- ``matmul``: scores and outputs as two matrix products per chunk of ``CPU_ATTENTION_CHUNK`` queries, which
+  on some CPUs run faster than PyTorch's CPU kernel in bf16 and fp16 (1.3-1.9x at 1.5k-5.6k tokens on an
+  AVX-512 CPU without AMX) and on others far slower (a 2-core CPU with AMX, bf16, klein 4B's 24 heads of
+  128: 131 against 34 ms at 1.5k tokens, 1110 against 295 ms at 4.6k).
+
+Which one is faster depends on the CPU, the dtype and the shape, so on a CPU in bfloat16 or float16 the
+choice is measured: the first attention of each shape class (device, dtype, heads, head size, and the query
+and key lengths rounded up to powers of two) runs both, twice each, alternating, and the faster by its best
+time serves that class for the rest of the process (logged once at debug level). Everywhere else (a GPU,
+float32) ``sdpa`` runs: its kernels are the fastest there, and in float32 on a CPU it computes the same values
+as the matrix products at the same speed (``benchmarks/suite.py``). ``FLUX2_ATTENTION=sdpa`` or ``matmul``
+fixes the choice (``auto``, the default, measures).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+CPU_ATTENTION_CHUNK = 1024  # query rows per chunk: bounds the [chunk, L] score matrix of each head
+CHOICE_ENV = "FLUX2_ATTENTION"
+MEASURED_DTYPES = (torch.bfloat16, torch.float16)
+
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def matmul_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Two matmuls per chunk of queries; the error stays at the dtype's precision."""
+    out = torch.empty_like(q)
+    scale, keys = q.shape[-1] ** -0.5, k.transpose(-1, -2)
+    for start in range(0, q.shape[2], CPU_ATTENTION_CHUNK):
+        rows = slice(start, start + CPU_ATTENTION_CHUNK)
+        scores = torch.matmul(q[:, :, rows] * scale, keys)
+        out[:, :, rows] = torch.matmul(scores.softmax(dim=-1), v)
+    return out
+
+
+KERNELS: dict[str, Kernel] = {"sdpa": sdpa_kernel, "matmul": matmul_kernel}
+_CHOSEN: dict[tuple, str] = {}  # shape class -> kernel name, for the process
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of [B, H, Lq, D] queries over [B, H, Lk, D] keys and values."""
+    if q.device.type != "cpu" or q.dtype not in MEASURED_DTYPES:
+        return sdpa_kernel(q, k, v)
+    fixed = os.environ.get(CHOICE_ENV, "auto")
+    if fixed in KERNELS:
+        return KERNELS[fixed](q, k, v)
+    key = shape_class(q, k)
+    name = _CHOSEN.get(key)
+    if name is not None:
+        return KERNELS[name](q, k, v)
+    name, out, times = _measure(q, k, v)
+    _CHOSEN[key] = name
+    log.debug("attention %s: %s (best of 2: %s)", key, name,
+              ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t in times.items()))  # fmt: skip
+    return out
+
+
+def shape_class(q: torch.Tensor, k: torch.Tensor) -> tuple:
+    """What a measured choice stands for: device, dtype, heads, head size, lengths up to a power of two."""
+    return (
+        q.device.type,
+        q.dtype,
+        q.shape[1],
+        q.shape[-1],
+        1 << max(q.shape[2] - 1, 0).bit_length(),
+        1 << max(k.shape[2] - 1, 0).bit_length(),
+    )
+
+
+def chosen() -> dict[tuple, str]:
+    """The choices made so far in this process (shape class -> kernel name)."""
+    return dict(_CHOSEN)
+
+
+def _measure(q, k, v) -> tuple[str, torch.Tensor, dict[str, float]]:
+    best: dict[str, float] = {}
+    outs: dict[str, torch.Tensor] = {}
+    for name in ("sdpa", "matmul", "sdpa", "matmul"):
+        start = time.perf_counter()
+        outs[name] = KERNELS[name](q, k, v)
+        best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+    name = min(best, key=best.get)
+    return name, outs[name], best
