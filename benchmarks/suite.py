@@ -3,6 +3,9 @@
     python benchmarks/suite.py --json results/cpu_medium.json --svg results/cpu_medium.svg
     COMFYUI_PATH=/opt/comfyui/ComfyUI /opt/comfyui/venv/bin/python benchmarks/suite.py ...   # adds native
     python benchmarks/suite.py --gpu-real        # klein 4B and 9B shapes, bf16, 1024², on a CUDA device
+    python benchmarks/suite.py --real-width --dtype bfloat16 --sizes 512 1024 --skip text vae e2e load
+        # klein 4B's real widths (hidden 3072 = 24 heads x 128, text 7680) with 1 + 4 blocks, so that the
+        # three implementations' copies fit on a 24 GB machine: the DiT cases at the shapes that matter
 
 What it measures, each implementation called in turn round by round (ours, diffusers, native, ours, ...)
 after one warm-up call each, reporting median and minimum per case and the ratio other / ours (> 1: ours
@@ -41,6 +44,7 @@ from klein_shapes import ROOT
 from suite_plot import line_plot
 
 from flux2_core.configs import Flux2Config
+from flux2_core.dit import attention
 
 IMPLS = ("ours", "diffusers", "native")
 PROMPT = "a red fox in the snow, watercolour, soft morning light, wide shot"
@@ -349,6 +353,23 @@ def bench_load(args, diffusers_model, bfl: dict, names: list[str], folder: Path)
 # ---------------------------------------------------------------------------------------------- report
 
 
+def cpu_capability() -> str:
+    """The vector and matrix units the CPU has (AMX, AVX-512, AVX2, from /proc/cpuinfo's flags) and the
+    kernels PyTorch dispatches to on it."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    units = [
+        name
+        for name, flag in (("AMX", "amx_bf16"), ("AVX-512", "avx512f"), ("AVX2", "avx2"))
+        if flag in flags
+    ]
+    dispatch = torch.backends.cpu.get_cpu_capability()
+    return f"{' + '.join(units) or 'none of AVX2 / AVX-512 / AMX'}; torch dispatch {dispatch}"
+
+
 def machine(device: torch.device) -> dict:
     cpu = next(
         (
@@ -359,6 +380,7 @@ def machine(device: torch.device) -> dict:
         platform.processor(),
     )
     info = {
+        "cpu_capability": cpu_capability(),
         "nproc": os.cpu_count(),
         "affinity": len(os.sched_getaffinity(0)),
         "cpu": cpu,
@@ -442,6 +464,10 @@ def parse_args() -> argparse.Namespace:
         "--gpu-real", action="store_true", help="the real klein 4B and 9B shapes at 1024², on CUDA"
     )
     p.add_argument("--shapes", nargs="+", default=["klein-4b", "klein-9b"], help="with --gpu-real")
+    p.add_argument(
+        "--real-width", action="store_true",
+        help="klein 4B's hidden size, heads and text width (24 heads, text 7680) with 1 + 4 blocks",
+    )  # fmt: skip
     p.add_argument("--heads", type=int, default=8, help="medium shape: hidden = heads x 128")
     p.add_argument("--depth", type=int, default=2, help="medium shape: double blocks")
     p.add_argument("--single", type=int, default=8, help="medium shape: single blocks")
@@ -485,6 +511,8 @@ def parse_args() -> argparse.Namespace:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.real_width:  # klein 4B: 24 heads of 128, Qwen3-4B's 2560-wide states x 3
+        args.heads, args.depth, args.single, args.text_width = 24, 1, 4, 2560
     return args
 
 
@@ -566,6 +594,7 @@ def main() -> None:
         "native": with_native,
         "native_attention": "sdpa" if args.native_sdpa else "default",
     }
+    print(f"cpu: {report['machine']['cpu']} ({report['machine']['cpu_capability']})", flush=True)
     shapes = {s: sm.REAL_SHAPES[s] for s in args.shapes} if args.gpu_real else {"medium": medium_config(args)}
     report["shapes"] = {}
     start = time.perf_counter()
@@ -576,6 +605,7 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     report["total_s"] = time.perf_counter() - start
+    report["our_attention"] = {str(k): v for k, v in attention.chosen().items()}  # measured choices
     for label, shape in report["shapes"].items():
         sections = {
             **shape.get("dit", {}),
