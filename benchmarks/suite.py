@@ -595,7 +595,8 @@ def main() -> None:
         "native_attention": "sdpa" if args.native_sdpa else "default",
     }
     print(f"cpu: {report['machine']['cpu']} ({report['machine']['cpu_capability']})", flush=True)
-    shapes = {s: sm.REAL_SHAPES[s] for s in args.shapes} if args.gpu_real else {"medium": medium_config(args)}
+    label = "real-width" if args.real_width else "medium"
+    shapes = {s: sm.REAL_SHAPES[s] for s in args.shapes} if args.gpu_real else {label: medium_config(args)}
     report["shapes"] = {}
     start = time.perf_counter()
     for label, config in shapes.items():

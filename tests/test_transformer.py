@@ -358,3 +358,14 @@ def test_rope_rotation_table_rotates_pairs_exactly():
     want = torch.stack([cos * x0 - sin * x1, sin * x0 + cos * x1], dim=-1).flatten(-2)
     assert torch.equal(apply_rope(x, rotation_table(table)), want)
     assert torch.equal(apply_rope(x, table), want)
+
+
+def test_rope_in_chunks_is_the_whole_sequences_rotation_bit_for_bit():
+    from flux2_core.dit import rope
+
+    g = torch.Generator().manual_seed(0)
+    ids = rope.image_ids(40, 60)  # 2400 tokens: three chunks, the last one partial
+    table = rope.rotation_table(rope.rope_table(ids, (32, 32, 32, 32), 2000))
+    x = torch.randn(1, 2, 2400, 128, generator=g).to(torch.bfloat16)
+    whole = rope._rotate(x, table)
+    assert x.shape[2] > rope.ROPE_CHUNK and torch.equal(rope.apply_rope(x, table), whole)

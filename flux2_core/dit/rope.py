@@ -73,11 +73,28 @@ def cached_rotation(cache: dict, ids: torch.Tensor, axes_dim, theta: int, device
     return cache[key]
 
 
+ROPE_CHUNK = 1024  # tokens rotated at a time: bounds the float32 temporaries of a long sequence
+
+
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent pairs of ``x`` [B, heads, L, D] by ``table``: [L, D / 2, 2] (cos, sin) or its
-    ``rotation_table``; math in float32. (x0, x1) -> (cos x0 - sin x1, sin x0 + cos x1), exactly."""
+    ``rotation_table``; math in float32. (x0, x1) -> (cos x0 - sin x1, sin x0 + cos x1), exactly.
+
+    The float32 copy and products take 8 bytes a value each; below float32 they are formed for
+    ``ROPE_CHUNK`` tokens at a time (the same arithmetic per value), so a long sequence's step does not hold
+    them for every token at once."""
     if table.ndim == 3:
         table = rotation_table(table)
+    if x.dtype == torch.float32 or x.shape[2] <= ROPE_CHUNK:
+        return _rotate(x, table)
+    out = torch.empty_like(x)
+    for start in range(0, x.shape[2], ROPE_CHUNK):
+        rows = slice(start, start + ROPE_CHUNK)
+        out[:, :, rows] = _rotate(x[:, :, rows], table[rows])
+    return out
+
+
+def _rotate(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     xf = x.float().unflatten(-1, (-1, 1, 2))  # [B, heads, L, D/2, 1, 2]
     out = table[..., 0] * xf[..., 0] + table[..., 1] * xf[..., 1]  # [B, heads, L, D/2, 2]
     return out.flatten(-2).to(x.dtype)
