@@ -10,7 +10,8 @@
 What it measures, each implementation called in turn round by round (ours, diffusers, native, ours, ...)
 after one warm-up call each, reporting median and minimum per case and the ratio other / ours (> 1: ours
 faster):
-- DiT time per step: text-to-image at each ``--sizes`` (tokens = (size/16)² + 512 text), edit with 1, 2
+- DiT time per step: text-to-image at each ``--sizes`` (tokens = (size/16)² + 512 text), with ours also
+  timed when the First-Block Cache skips that step (first block, stored residual, final layer), edit with 1, 2
   and 4 references of ``--ref-size``², and the KV model's cached step (references' K/V computed once; ours
   and diffusers' KV transformer path; native ComfyUI has no K/V cache) next to its first (extract) step;
   the peak RSS above the process's RSS before the call (CPU) or the peak VRAM above the allocated memory
@@ -45,6 +46,7 @@ from suite_plot import line_plot
 
 from flux2_core.configs import Flux2Config
 from flux2_core.dit import attention
+from flux2_core.dit.step_cache import MAX_STEP_CACHE, FirstBlockCache
 
 IMPLS = ("ours", "diffusers", "native")
 PROMPT = "a red fox in the snow, watercolour, soft morning light, wide shot"
@@ -172,6 +174,19 @@ def cases(args) -> list[sm.Case]:
 # ---------------------------------------------------------------------------------------------- sections
 
 
+def skipped_step(net, inp, rounds: int, timer) -> dict:
+    """Our step when the First-Block Cache skips it: the first block, the comparison, the stored residual
+    and the final layer (a cache that skips every step after the full one it keeps)."""
+    skipping = FirstBlockCache(MAX_STEP_CACHE)
+
+    def call():
+        return net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, step_cache=skipping)
+
+    with torch.inference_mode():
+        call()  # the full step it keeps
+    return alternate({"ours": call}, rounds, timer)
+
+
 def bench_dit(args, config, impls: dict, device, dtype, timer, peak: float) -> dict:
     results = {}
     for case in cases(args):
@@ -190,6 +205,11 @@ def bench_dit(args, config, impls: dict, device, dtype, timer, peak: float) -> d
                 calls = {n: i.extract(case, inp) for n, i in impls.items() if i.has_kv}
             r = alternate(calls, max(1, args.rounds // 2), timer)
             results[case.name.replace("cached", "extract")] = {"case": vars(case), "impls": r}
+        if not case.refs and "ours" in impls:  # the same step when the First-Block Cache skips it
+            results[f"{case.name} skipped by the step cache"] = {
+                "case": vars(case),
+                "impls": skipped_step(impls["ours"].net, inp, args.rounds, timer),
+            }
         if hasattr(impls.get("diffusers"), "kv_mode"):
             impls["diffusers"].kv_mode(False)
         summary = "  ".join(
