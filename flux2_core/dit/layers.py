@@ -117,6 +117,9 @@ class MLPEmbedder(nn.Module):
         return self.out_layer(F.silu(self.in_layer(x)))
 
 
+NORM_CHUNK = 1024  # tokens normalised at a time below float32
+
+
 class RMSNorm(nn.Module):
     """RMSNorm over head_dim; the weight is named ``scale`` as in the checkpoints."""
 
@@ -126,9 +129,22 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Statistics in float32, weight applied after the cast back (BFL order); in float32 that is one fused
-        # op giving the very same values.
+        # op giving the very same values. Below float32 the float32 copies are formed for NORM_CHUNK tokens
+        # (rows of dim -2) at a time: the same values, without holding them for a whole long sequence.
         if x.dtype == torch.float32 and self.scale.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), weight=self.scale, eps=NORM_EPS)
+        if x.ndim < 2 or x.shape[-2] <= NORM_CHUNK:
+            return self._low_precision(x)
+        first = self._low_precision(x[..., :NORM_CHUNK, :])
+        out = first.new_empty(x.shape)
+        out[..., :NORM_CHUNK, :] = first
+        for start in range(NORM_CHUNK, x.shape[-2], NORM_CHUNK):
+            out[..., start : start + NORM_CHUNK, :] = self._low_precision(
+                x[..., start : start + NORM_CHUNK, :]
+            )
+        return out
+
+    def _low_precision(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x.float(), (x.shape[-1],), eps=NORM_EPS).to(x.dtype) * self.scale
 
 
