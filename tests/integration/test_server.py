@@ -419,3 +419,21 @@ def test_editor_workflow_matches_the_server_schemas(comfy, path):
         assert info[source["type"]]["output"][origin_slot] == type_, (path.name, link_id)
         name = sink["inputs"][target_slot]["name"]
         assert input_spec(info[sink["type"]], name)[0] in (type_, "*"), (path.name, link_id, name)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The step cache in the real server
+
+
+def test_the_step_cache_runs_and_says_on_the_sampler_how_many_steps_ran_every_block(comfy):
+    kc = comfy.kc
+    workflow = comfy.api_workflow("flux2_klein_4b_base_text_to_image")
+    sampler = kc.nodes_of_type(workflow, kc.SAMPLER)[0]
+    sets = [f"{sampler}.{s}" for s in ("width=192", "height=128", "steps=8", "step_cache=1.0")]
+    patched = kc.prepare_workflow(workflow, prompt="step cache", seed=3, sets=sets)
+    entry = comfy.run(patched, timeout=300)
+    assert entry["status"]["status_str"] == "success"
+    (text,) = entry["outputs"][sampler]["text"]  # the node's UI text, kept in the prompt's history
+    assert text.startswith("step cache 1: ") and text.endswith(" of 8 steps ran every block"), text
+    (image,) = comfy.images(entry).values()
+    assert image.size == (192, 128)
