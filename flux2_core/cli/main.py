@@ -32,7 +32,7 @@ DEFAULT_OUTPUT = "flux2-klein.png"
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m flux2_core",
+        prog="flux2-klein" if Path(sys.argv[0]).name == "flux2-klein" else "python -m flux2_core",
         description="FLUX.2 [klein], FLUX.2 [dev] and FLUX.1 Fill [dev] image generation",
     )
     commands = parser.add_subparsers(dest="command", required=True)
