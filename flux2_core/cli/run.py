@@ -26,7 +26,7 @@ from tqdm import tqdm
 from ..configs import FLUX2, Flux2Config, Variant, describe
 from ..devices.streaming import BLOCKS_IN_FLIGHT, disable_streaming, enable_streaming
 from ..dit.files import DIT_SPEC, transformer_variant
-from ..dit.step_cache import StepCache
+from ..dit.step_cache import check_threshold
 from ..dit.transformer import Flux2Model, compile_blocks
 from ..errors import Flux2Error
 from ..limits import MAX_FILL_GUIDANCE, MAX_GUIDANCE, check_request, check_seed
@@ -129,7 +129,7 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     overlap = VAE_TILE_OVERLAP if args.vae_tile <= 0 else min(VAE_TILE_OVERLAP, args.vae_tile // 64 * 16)
     check_tiling(args.vae_tile, overlap, FLUX2.size_multiple)
     tiles = {"tile_size": args.vae_tile, "tile_overlap": overlap}
-    StepCache(args.step_cache)  # the threshold, checked before anything is read
+    check_threshold(args.step_cache)  # before anything is read
     if not fill and args.resident_mb < 0:
         raise Flux2Error(f"--resident-mb {args.resident_mb} is negative: give 0 (stream every block) or more")
     return Request(args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles)

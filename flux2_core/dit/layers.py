@@ -21,7 +21,7 @@ from torch import nn
 from ..ops import Linear
 from .attention import sdpa
 from .kv_cache import RefKVLayer
-from .rope import apply_rope
+from .rope import apply_rope, in_token_chunks
 
 NORM_EPS = 1e-6
 
@@ -133,16 +133,9 @@ class RMSNorm(nn.Module):
         # (rows of dim -2) at a time: the same values, without holding them for a whole long sequence.
         if x.dtype == torch.float32 and self.scale.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), weight=self.scale, eps=NORM_EPS)
-        if x.ndim < 2 or x.shape[-2] <= NORM_CHUNK:
+        if x.ndim < 2:
             return self._low_precision(x)
-        first = self._low_precision(x[..., :NORM_CHUNK, :])
-        out = first.new_empty(x.shape)
-        out[..., :NORM_CHUNK, :] = first
-        for start in range(NORM_CHUNK, x.shape[-2], NORM_CHUNK):
-            out[..., start : start + NORM_CHUNK, :] = self._low_precision(
-                x[..., start : start + NORM_CHUNK, :]
-            )
-        return out
+        return in_token_chunks(lambda part, rows: self._low_precision(part), x, NORM_CHUNK)
 
     def _low_precision(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x.float(), (x.shape[-1],), eps=NORM_EPS).to(x.dtype) * self.scale

@@ -76,6 +76,22 @@ def cached_rotation(cache: dict, ids: torch.Tensor, axes_dim, theta: int, device
 ROPE_CHUNK = 1024  # tokens rotated at a time: bounds the float32 temporaries of a long sequence
 
 
+def in_token_chunks(fn, x: torch.Tensor, size: int) -> torch.Tensor:
+    """``fn(x[..., rows, :], rows)`` for ``size`` tokens (rows of dim -2) at a time, written into one tensor
+    of ``fn``'s output dtype: the values of one call on every token when ``fn`` works token by token,
+    without its temporaries for every token at once."""
+    length = x.shape[-2]
+    if length <= size:
+        return fn(x, slice(None))
+    first = fn(x[..., :size, :], slice(0, size))
+    out = first.new_empty(x.shape)
+    out[..., :size, :] = first
+    for start in range(size, length, size):
+        rows = slice(start, start + size)
+        out[..., rows, :] = fn(x[..., rows, :], rows)
+    return out
+
+
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotate adjacent pairs of ``x`` [B, heads, L, D] by ``table``: [L, D / 2, 2] (cos, sin) or its
     ``rotation_table``; math in float32. (x0, x1) -> (cos x0 - sin x1, sin x0 + cos x1), exactly.
@@ -85,13 +101,9 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     them for every token at once."""
     if table.ndim == 3:
         table = rotation_table(table)
-    if x.dtype == torch.float32 or x.shape[2] <= ROPE_CHUNK:
+    if x.dtype == torch.float32:
         return _rotate(x, table)
-    out = torch.empty_like(x)
-    for start in range(0, x.shape[2], ROPE_CHUNK):
-        rows = slice(start, start + ROPE_CHUNK)
-        out[:, :, rows] = _rotate(x[:, :, rows], table[rows])
-    return out
+    return in_token_chunks(lambda part, rows: _rotate(part, table[rows]), x, ROPE_CHUNK)
 
 
 def _rotate(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

@@ -30,24 +30,25 @@ STEP_CACHE_HELP = (
 )
 
 
+def check_threshold(threshold: float) -> float:
+    """``threshold`` as a float, or a Flux2Error naming the range."""
+    if not 0.0 <= threshold <= MAX_STEP_CACHE:
+        raise Flux2Error(
+            f"step cache {threshold}: give 0 (off) or a threshold up to {MAX_STEP_CACHE:g}, e.g. 0.1"
+        )
+    return float(threshold)
+
+
 class FirstBlockCache:
     """The state of one pass over one run. ``threshold`` 0 is no cache: every step runs every block."""
 
     def __init__(self, threshold: float):
-        if not 0.0 <= threshold <= MAX_STEP_CACHE:
-            raise Flux2Error(
-                f"step cache {threshold}: give 0 (off) or a threshold up to {MAX_STEP_CACHE:g}, e.g. 0.1"
-            )
-        self.threshold = float(threshold)
+        self.threshold = check_threshold(threshold)
         self.reference: torch.Tensor | None = None  # the first block's residual at the last full step
         self.head: torch.Tensor | None = None  # the first block's output of the step now running
         self.tail: torch.Tensor | None = None  # what the remaining blocks added at the last full step
         self.steps = 0  # forwards seen
         self.full_steps = 0  # forwards that ran every block
-
-    @property
-    def on(self) -> bool:
-        return self.threshold > 0.0
 
     def skip(self, before: torch.Tensor, after: torch.Tensor, comm) -> torch.Tensor | None:
         """After the first block (image stream ``before`` -> ``after``): the image stream at the end of the
@@ -75,8 +76,7 @@ class StepCache:
     they did. ``threshold`` 0 is no cache (``pass_cache`` gives None: the blocks run as without it)."""
 
     def __init__(self, threshold: float = 0.0):
-        FirstBlockCache(threshold)  # checks the threshold
-        self.threshold = float(threshold)
+        self.threshold = check_threshold(threshold)
         self.passes: list[FirstBlockCache] = []
 
     @classmethod
