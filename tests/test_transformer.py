@@ -348,7 +348,7 @@ def test_cpu_low_precision_attention_matches_sdpa_within_its_precision(dtype):
 
 
 def test_rope_rotation_table_rotates_pairs_exactly():
-    from flux2_core.dit.rope import apply_rope, rope_table, rotation_table
+    from flux2_core.dit.rope import apply_rope_, rope_table, rotation_table
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 12, 16, generator=g)
@@ -356,8 +356,9 @@ def test_rope_rotation_table_rotates_pairs_exactly():
     x0, x1 = x[..., 0::2], x[..., 1::2]
     cos, sin = table[..., 0], table[..., 1]
     want = torch.stack([cos * x0 - sin * x1, sin * x0 + cos * x1], dim=-1).flatten(-2)
-    assert torch.equal(apply_rope(x, rotation_table(table)), want)
-    assert torch.equal(apply_rope(x, table), want)
+    for form in (rotation_table(table), table):
+        y = x.clone()
+        assert apply_rope_(y, form) is y and torch.equal(y, want)  # rotated in place
 
 
 def test_rope_in_chunks_is_the_whole_sequences_rotation_bit_for_bit():
@@ -366,9 +367,10 @@ def test_rope_in_chunks_is_the_whole_sequences_rotation_bit_for_bit():
     g = torch.Generator().manual_seed(0)
     ids = rope.image_ids(40, 60)  # 2400 tokens: three chunks, the last one partial
     table = rope.rotation_table(rope.rope_table(ids, (32, 32, 32, 32), 2000))
-    x = torch.randn(1, 2, 2400, 128, generator=g).to(torch.bfloat16)
-    whole = rope._rotate(x, table)
-    assert x.shape[2] > rope.ROPE_CHUNK and torch.equal(rope.apply_rope(x, table), whole)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(1, 2, 2400, 128, generator=g).to(dtype)
+        whole = rope._rotate(x, table)
+        assert x.shape[2] > rope.ROPE_CHUNK and torch.equal(rope.apply_rope_(x, table), whole)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -21,7 +21,7 @@ from torch import nn
 from ..ops import Linear
 from .attention import sdpa
 from .kv_cache import RefKVLayer
-from .rope import apply_rope, in_token_chunks
+from .rope import apply_rope_
 
 NORM_EPS = 1e-6
 
@@ -120,6 +120,21 @@ class MLPEmbedder(nn.Module):
 NORM_CHUNK = 1024  # tokens normalised at a time below float32
 
 
+def in_token_chunks(fn, x: torch.Tensor, size: int) -> torch.Tensor:
+    """``fn(x[..., rows, :])`` for ``size`` tokens (rows of dim -2) at a time, written into one tensor of
+    ``fn``'s output dtype: the values of one call on every token when ``fn`` works token by token, without
+    its temporaries for every token at once."""
+    length = x.shape[-2]
+    if length <= size:
+        return fn(x)
+    first = fn(x[..., :size, :])
+    out = first.new_empty(x.shape)
+    out[..., :size, :] = first
+    for start in range(size, length, size):
+        out[..., start : start + size, :] = fn(x[..., start : start + size, :])
+    return out
+
+
 class RMSNorm(nn.Module):
     """RMSNorm over head_dim; the weight is named ``scale`` as in the checkpoints."""
 
@@ -135,7 +150,7 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), weight=self.scale, eps=NORM_EPS)
         if x.ndim < 2:
             return self._low_precision(x)
-        return in_token_chunks(lambda part, rows: self._low_precision(part), x, NORM_CHUNK)
+        return in_token_chunks(self._low_precision, x, NORM_CHUNK)
 
     def _low_precision(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x.float(), (x.shape[-1],), eps=NORM_EPS).to(x.dtype) * self.scale
@@ -199,7 +214,7 @@ def joint_attention(
     Under sequence parallelism ``comm`` gathers every token of this process's heads after RoPE (the K/V
     cache then holds those heads for every reference token) and scatters the result back.
     """
-    q, k = apply_rope(q, pe), apply_rope(k, pe)
+    q, k = apply_rope_(q, pe), apply_rope_(k, pe)  # q and k are this call's own: rotated in place
     q, k, v = comm.to_heads(q, k, v)
     if kv is not None and kv.filled:
         k_ref, v_ref = kv.get(q.shape[0])
@@ -226,17 +241,9 @@ class DoubleStreamBlock(nn.Module):
     def forward(self, img, txt, mod_img, mod_txt, pe, kv=None):
         (img_sh1, img_sc1, img_g1), (img_sh2, img_sc2, img_g2) = mod_img
         (txt_sh1, txt_sc1, txt_g1), (txt_sh2, txt_sc2, txt_g2) = mod_txt
-        img_q, img_k, img_v = self.img_attn.qkv_heads(modulate(img, img_sh1, img_sc1))
-        txt_q, txt_k, txt_v = self.txt_attn.qkv_heads(modulate(txt, txt_sh1, txt_sc1))
-        attn = joint_attention(
-            torch.cat([txt_q, img_q], dim=2),
-            torch.cat([txt_k, img_k], dim=2),
-            torch.cat([txt_v, img_v], dim=2),
-            pe,
-            num_txt=txt.shape[1],
-            kv=kv,
-            comm=self.comm,
-        )
+        q, k, v = self._joint_qkv(modulate(img, img_sh1, img_sc1), modulate(txt, txt_sh1, txt_sc1))
+        attn = joint_attention(q, k, v, pe, num_txt=txt.shape[1], kv=kv, comm=self.comm)
+        del q, k, v
         txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
         img_out, txt_out = self.comm.sum_partials(self.img_attn.proj(img_attn), self.txt_attn.proj(txt_attn))
         img = img + img_g1 * img_out
@@ -245,6 +252,12 @@ class DoubleStreamBlock(nn.Module):
             self.img_mlp(modulate(img, img_sh2, img_sc2)), self.txt_mlp(modulate(txt, txt_sh2, txt_sc2))
         )
         return img + img_g2 * img_out, txt + txt_g2 * txt_out
+
+    def _joint_qkv(self, img: torch.Tensor, txt: torch.Tensor) -> list[torch.Tensor]:
+        """q, k and v of the joint sequence [text; image], each [B, heads, L, D]. Each stream's copy is
+        dropped as soon as its joint tensor exists, so at most one of them is held twice."""
+        img_qkv, txt_qkv = list(self.img_attn.qkv_heads(img)), list(self.txt_attn.qkv_heads(txt))
+        return [torch.cat([txt_qkv.pop(0), img_qkv.pop(0)], dim=2) for _ in range(3)]
 
 
 class SingleStreamBlock(nn.Module):
@@ -267,9 +280,15 @@ class SingleStreamBlock(nn.Module):
     def forward(self, x, mod, pe, num_txt, kv=None):
         shift, scale, gate = mod
         qkv, mlp = self.linear1(modulate(x, shift, scale)).split([3 * self.hidden, self.mlp_rows], -1)
+        # The activation first, then v's own copy (q and k are the norms' outputs): linear1's fused output,
+        # mostly the MLP's input rows, is freed before attention rather than held through the block.
+        mlp = self.act(mlp)
         q, k, v = split_qkv(qkv, self.num_heads, self.norm)
+        v = v.contiguous()
+        del qkv
         attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm)
-        (out,) = self.comm.sum_partials(self.linear2(torch.cat([attn, self.act(mlp)], dim=-1)))
+        del q, k, v
+        (out,) = self.comm.sum_partials(self.linear2(torch.cat([attn, mlp], dim=-1)))
         return x + gate * out
 
 

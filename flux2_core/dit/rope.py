@@ -57,7 +57,7 @@ def rope_table(ids: torch.Tensor, axes_dim: tuple[int, ...], theta: int) -> torc
 
 def rotation_table(table: torch.Tensor) -> torch.Tensor:
     """[L, D / 2, 2] (cos, sin) -> [L, D / 2, 2, 2]: the columns (cos, sin) and (-sin, cos) of each pair's
-    rotation, so ``apply_rope`` needs two products and one sum."""
+    rotation, so ``apply_rope_`` needs two products and one sum."""
     cos, sin = table[..., 0], table[..., 1]
     return torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -1)
 
@@ -76,34 +76,20 @@ def cached_rotation(cache: dict, ids: torch.Tensor, axes_dim, theta: int, device
 ROPE_CHUNK = 1024  # tokens rotated at a time: bounds the float32 temporaries of a long sequence
 
 
-def in_token_chunks(fn, x: torch.Tensor, size: int) -> torch.Tensor:
-    """``fn(x[..., rows, :], rows)`` for ``size`` tokens (rows of dim -2) at a time, written into one tensor
-    of ``fn``'s output dtype: the values of one call on every token when ``fn`` works token by token,
-    without its temporaries for every token at once."""
-    length = x.shape[-2]
-    if length <= size:
-        return fn(x, slice(None))
-    first = fn(x[..., :size, :], slice(0, size))
-    out = first.new_empty(x.shape)
-    out[..., :size, :] = first
-    for start in range(size, length, size):
-        rows = slice(start, start + size)
-        out[..., rows, :] = fn(x[..., rows, :], rows)
-    return out
+def apply_rope_(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of ``x`` [B, heads, L, D] in place by ``table``: [L, D / 2, 2] (cos, sin) or its
+    ``rotation_table``; math in float32. (x0, x1) -> (cos x0 - sin x1, sin x0 + cos x1), exactly. Returns
+    ``x``.
 
-
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of ``x`` [B, heads, L, D] by ``table``: [L, D / 2, 2] (cos, sin) or its
-    ``rotation_table``; math in float32. (x0, x1) -> (cos x0 - sin x1, sin x0 + cos x1), exactly.
-
-    The float32 copy and products take 8 bytes a value each; below float32 they are formed for
-    ``ROPE_CHUNK`` tokens at a time (the same arithmetic per value), so a long sequence's step does not hold
-    them for every token at once."""
+    ``x`` is attention's own copy of the queries or keys (a norm's or a concatenation's output), so it is
+    overwritten: no second copy of every token's q or k is made. The float32 copy and products take 8 bytes
+    a value each and are formed for ``ROPE_CHUNK`` tokens at a time (the same arithmetic per value)."""
     if table.ndim == 3:
         table = rotation_table(table)
-    if x.dtype == torch.float32:
-        return _rotate(x, table)
-    return in_token_chunks(lambda part, rows: _rotate(part, table[rows]), x, ROPE_CHUNK)
+    for start in range(0, x.shape[-2], ROPE_CHUNK):
+        rows = slice(start, start + ROPE_CHUNK)
+        x[..., rows, :] = _rotate(x[..., rows, :], table[rows])
+    return x
 
 
 def _rotate(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
