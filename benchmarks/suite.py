@@ -3,6 +3,9 @@
     python benchmarks/suite.py --json results/cpu_medium.json --svg results/cpu_medium.svg
     COMFYUI_PATH=/opt/comfyui/ComfyUI /opt/comfyui/venv/bin/python benchmarks/suite.py ...   # adds native
     python benchmarks/suite.py --gpu-real        # klein 4B and 9B shapes, bf16, 1024², on a CUDA device
+    python benchmarks/suite.py --gpu-real --shapes klein-4b klein-9b dev fill
+        # also FLUX.2 [dev] (real widths, a quarter of its blocks) and FLUX.1 Fill [dev] (its real shape)
+    python benchmarks/suite.py --shapes klein-4b dev fill   # each family at the medium shape (a CPU)
     python benchmarks/suite.py --real-width --dtype bfloat16 --sizes 512 1024 --skip text vae e2e load
         # klein 4B's real widths (hidden 3072 = 24 heads x 128, text 7680) with 1 + 4 blocks, so that the
         # three implementations' copies fit on a 24 GB machine: the DiT cases at the shapes that matter
@@ -22,6 +25,9 @@ faster):
 - VAE encode and decode at ``--vae-size``²: ours, diffusers' ``AutoencoderKLFlux2`` and native's ``VAE``;
 - end to end, a 4-step text-to-image run (prompt -> pixels): ours against diffusers' ``Flux2KleinPipeline``;
 - load time and load peak RSS (VmHWM) of each DiT from a file, each in a fresh subprocess.
+The dev shape runs the text-to-image and edit cases with its embedded guidance (no KV model exists for it);
+the Fill shape runs one Fill step at each ``--sizes`` (384 channels a token, T5 text, CLIP's pooled vector,
+guidance 30), with ours also timed when the step cache skips it. Both time the DiT only.
 Every output is compared with ours (max abs difference) so a mismatched call would show. Without
 ``COMFYUI_PATH`` native ComfyUI is skipped with a note.
 """
@@ -39,14 +45,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import suite_fill as sf
 import suite_models as sm
 import torch
 from klein_shapes import ROOT
+from live_tensors import peak_tensor_bytes
 from suite_plot import line_plot
 
 from flux2_core.configs import Flux2Config
 from flux2_core.dit import attention
 from flux2_core.dit.step_cache import MAX_STEP_CACHE, FirstBlockCache
+from flux2_core.flux1.config import Flux1Config
 
 IMPLS = ("ours", "diffusers", "native")
 PROMPT = "a red fox in the snow, watercolour, soft morning light, wide shot"
@@ -114,6 +123,9 @@ def alternate(calls: dict, rounds: int, timer: Timer, reference: str = "ours") -
                 r["times_s"].append(seconds)
                 for key, value in mem.items():
                     r[key] = max(r[key], value)
+        if timer.device.type == "cpu":  # untimed: the tensors' own peak, apart from the allocator's
+            for name, fn in calls.items():
+                result[name]["peak_tensors_above"] = peak_tensor_bytes(fn)
     for name, r in result.items():
         r["median_s"], r["min_s"] = statistics.median(r["times_s"]), min(r["times_s"])
         if reference in outputs and name != reference and torch.is_tensor(outputs[name]):
@@ -153,21 +165,48 @@ def matmul_peak(device: torch.device, dtypes: list[str], quick: bool) -> dict:
 # ---------------------------------------------------------------------------------------------- the shapes
 
 
-def medium_config(args) -> Flux2Config:
+def medium_config(args, family: str = "klein") -> Flux2Config | Flux1Config:
+    """The medium shape of a family: hidden = heads x 128, the blocks and text width of the arguments."""
+    if family == "fill":
+        return Flux1Config(
+            hidden_size=args.heads * 128,
+            num_heads=args.heads,
+            depth=args.depth,
+            depth_single_blocks=args.single,
+            context_in_dim=args.text_width,
+            vec_in_dim=args.text_width,
+        )
     return Flux2Config(
         hidden_size=args.heads * 128,
         num_heads=args.heads,
         depth=args.depth,
         depth_single_blocks=args.single,
         context_in_dim=3 * args.text_width,
+        guidance_embed=family == "dev",
     )
 
 
-def cases(args) -> list[sm.Case]:
+def family(shape: str) -> str:
+    return shape if shape in ("dev", "fill") else "klein"
+
+
+def shape_configs(args) -> dict:
+    """label -> config of every shape to run: the real ones on a GPU, else each family's medium one."""
+    if args.gpu_real:
+        return {s: sm.REAL_SHAPES[s] for s in args.shapes}
+    out = {}
+    for name in dict.fromkeys(family(s) for s in args.shapes):
+        base = "real-width" if args.real_width else "medium"
+        out[base if name == "klein" else f"{name} {base}"] = medium_config(args, name)
+    return out
+
+
+def cases(args, kv: bool = True) -> list[sm.Case]:
     out = [sm.Case(f"t2i {s}²", s, ref_size=args.ref_size) for s in args.sizes]
     edit = args.edit_size
     out += [sm.Case(f"edit {edit}² + {n} ref", edit, n, args.ref_size) for n in args.refs]
-    out += [sm.Case(f"KV cached {edit}² + {n} ref", edit, n, args.ref_size, kv=True) for n in args.refs]
+    if kv:
+        out += [sm.Case(f"KV cached {edit}² + {n} ref", edit, n, args.ref_size, kv=True) for n in args.refs]
     return out
 
 
@@ -180,7 +219,8 @@ def skipped_step(net, inp, rounds: int, timer) -> dict:
     skipping = FirstBlockCache(MAX_STEP_CACHE)
 
     def call():
-        return net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, step_cache=skipping)
+        g = inp.extra.get("guidance")
+        return net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, guidance=g, step_cache=skipping)
 
     with torch.inference_mode():
         call()  # the full step it keeps
@@ -189,8 +229,9 @@ def skipped_step(net, inp, rounds: int, timer) -> dict:
 
 def bench_dit(args, config, impls: dict, device, dtype, timer, peak: float) -> dict:
     results = {}
-    for case in cases(args):
-        inp = sm.make_inputs(case, config.context_in_dim, device, dtype)
+    dev = config.guidance_embed  # FLUX.2 [dev]: embedded guidance, no KV model
+    for case in cases(args, kv=not dev):
+        inp = sm.make_inputs(case, config.context_in_dim, device, dtype, guidance=4.0 if dev else None)
         with torch.inference_mode():
             calls = {n: i.step(case, inp) for n, i in impls.items() if i.has_kv or not case.kv}
         print(f"  {case.name}: {case.query_tokens} query tokens, {case.attended_tokens} attended", flush=True)
@@ -217,6 +258,50 @@ def bench_dit(args, config, impls: dict, device, dtype, timer, peak: float) -> d
         )
         print(f"    {summary}", flush=True)
     return results
+
+
+def bench_fill(args, config: Flux1Config, impls: dict, device, dtype, timer, peak: float) -> dict:
+    """One FLUX.1 Fill step at each ``--sizes``, and ours when the First-Block Cache skips it."""
+    results = {}
+    for case in sf.fill_cases(args.sizes):
+        inp = sf.make_fill_inputs(case, config, device, dtype)
+        with torch.inference_mode():
+            calls = {n: i.step(case, inp) for n, i in impls.items()}
+        print(f"  {case.name}: {case.query_tokens} tokens", flush=True)
+        r = alternate(calls, args.rounds, timer)
+        flops = sf.fill_flops(config, case)
+        for res in r.values():
+            res["gflops"] = flops / res["median_s"] / 1e9
+            res["pct_of_matmul_peak"] = 100 * res["gflops"] / peak if peak else None
+        results[case.name] = {"case": vars(case), "flops": flops, "impls": r}
+        skipping = FirstBlockCache(MAX_STEP_CACHE)
+        call = impls["ours"].step(case, inp, step_cache=skipping)
+        with torch.inference_mode():
+            call()  # the full step it keeps
+        results[f"{case.name} skipped by the step cache"] = {
+            "case": vars(case),
+            "impls": alternate({"ours": call}, args.rounds, timer),
+        }
+        print("    " + "  ".join(f"{n} {v['median_s'] * 1000:.0f} ms" for n, v in r.items()), flush=True)
+    return results
+
+
+def run_fill_shape(args, label: str, config: Flux1Config, device, dtype, peak: float, with_native) -> dict:
+    from tiny_flux1 import bfl_fill_state_dict
+
+    print(f"{label}: FLUX.1 Fill, {config.hidden_size} wide, {config.depth}+{config.depth_single_blocks} "
+          f"blocks, {args.dtype} on {device}", flush=True)  # fmt: skip
+    theirs = sf.build_diffusers_fill(config, device, dtype)
+    bfl = bfl_fill_state_dict(theirs)
+    impls = {"ours": sf.FillOurs(bfl, device, dtype), "diffusers": sf.FillDiffusers(theirs)}
+    if with_native:
+        impls["native"] = sf.FillNative(bfl, device, dtype)
+    del bfl
+    out = {"config": vars(config) | {"axes_dim": list(config.axes_dim)}}
+    out["parameters"] = sum(p.numel() for p in theirs.parameters())
+    if "dit" not in args.skip:
+        out["dit"] = bench_fill(args, config, impls, device, dtype, Timer(device), peak)
+    return out
 
 
 def bench_text(args, width, device, dtype, timer) -> tuple[dict, object, object]:
@@ -454,6 +539,20 @@ def table(sections: dict) -> list[str]:
     return rows
 
 
+def memory_table(sections: dict, device: torch.device) -> list[str]:
+    """Markdown rows: per case and implementation the peak memory above the start of the call, in MB."""
+    names = [n for n in IMPLS if any(n in s.get("impls", {}) for s in sections.values())]
+    keys = ["peak_rss_above", "peak_tensors_above"] if device.type == "cpu" else ["peak_vram_above"]
+    what = {"peak_rss_above": "RSS", "peak_tensors_above": "tensors", "peak_vram_above": "allocated"}
+    head = "| case | " + " | ".join(f"{n} {what[k]} MB" for k in keys for n in names) + " |"
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for case, s in sections.items():
+        impls = s.get("impls", {})
+        cells = [f"{impls[n][k] / 2**20:.0f}" if k in impls.get(n, {}) else "-" for k in keys for n in names]
+        rows.append(f"| {case} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def plot(dit: dict, title: str) -> str:
     series: dict[str, list] = {}
     for name, s in dit.items():
@@ -481,9 +580,12 @@ def parse_args() -> argparse.Namespace:
         "--dtype", default=None, choices=["float32", "bfloat16"], help="float32 on CPU, bf16 on GPU"
     )
     p.add_argument(
-        "--gpu-real", action="store_true", help="the real klein 4B and 9B shapes at 1024², on CUDA"
+        "--gpu-real", action="store_true", help="the real shapes of --shapes at 512² and 1024², on CUDA"
     )
-    p.add_argument("--shapes", nargs="+", default=["klein-4b", "klein-9b"], help="with --gpu-real")
+    p.add_argument(
+        "--shapes", nargs="+", default=None, choices=list(sm.REAL_SHAPES),
+        help="with --gpu-real the real shapes (default klein-4b klein-9b); else the families' medium shapes",
+    )  # fmt: skip
     p.add_argument(
         "--real-width", action="store_true",
         help="klein 4B's hidden size, heads and text width (24 heads, text 7680) with 1 + 4 blocks",
@@ -527,6 +629,7 @@ def parse_args() -> argparse.Namespace:
         vae="full" if args.gpu_real else "medium",
         e2e_size=1024 if args.gpu_real else 256,
         rounds=3 if gpu else 2,
+        shapes=["klein-4b", "klein-9b"] if args.gpu_real else ["klein-4b"],
     )
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -563,6 +666,8 @@ def run_shape(args, label: str, config: Flux2Config, device, dtype, peak: float,
     del bfl
     if "dit" not in args.skip:
         out["dit"] = bench_dit(args, config, impls, device, dtype, timer, peak)
+    if config.guidance_embed:  # FLUX.2 [dev]: its DiT only (the Mistral encoder is timed nowhere here)
+        return out
     text = hf_text = None
     if "text" not in args.skip or "e2e" not in args.skip:
         width = config.context_in_dim // 3
@@ -615,14 +720,12 @@ def main() -> None:
         "native_attention": "sdpa" if args.native_sdpa else "default",
     }
     print(f"cpu: {report['machine']['cpu']} ({report['machine']['cpu_capability']})", flush=True)
-    label = "real-width" if args.real_width else "medium"
-    shapes = {s: sm.REAL_SHAPES[s] for s in args.shapes} if args.gpu_real else {label: medium_config(args)}
     report["shapes"] = {}
     start = time.perf_counter()
-    for label, config in shapes.items():
-        report["shapes"][label] = run_shape(
-            args, label, config, device, dtype, peak[args.dtype]["gflops"], with_native
-        )
+    for label, config in shape_configs(args).items():
+        run = run_fill_shape if isinstance(config, Flux1Config) else run_shape
+        gflops = peak[args.dtype]["gflops"]
+        report["shapes"][label] = run(args, label, config, device, dtype, gflops, with_native)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     report["total_s"] = time.perf_counter() - start
@@ -636,6 +739,8 @@ def main() -> None:
         }
         print(f"\n{label} ({args.dtype}, {device}), ratio = other / ours (> 1: ours faster)")
         print("\n".join(table(sections)))
+        print(f"\npeak memory above the start of each call ({label})")
+        print("\n".join(memory_table(shape.get("dit", {}), device)))
         if "load" in shape:
             for name in IMPLS:
                 if name in shape["load"] and "load_s" in shape["load"][name]:

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import klein_shapes  # noqa: F401  (puts the repository and tests/ on the path)
 import torch
 
-from flux2_core.configs import KLEIN_4B, KLEIN_9B, VARIANTS, Flux2Config
+from flux2_core.configs import DEV_32B, KLEIN_4B, KLEIN_9B, VARIANTS, Flux2Config
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
+from flux2_core.flux1.config import FILL_DEV
 
-REAL_SHAPES = {"klein-4b": KLEIN_4B, "klein-9b": KLEIN_9B}
+# FLUX.2 [dev] at its real widths (48 heads of 128, Mistral's 5120-wide states x 3) with a quarter of its
+# blocks (2 + 12 of 8 + 48): 7.9 B parameters, so that three copies fit on one 80-141 GB GPU in bf16.
+DEV_QUARTER = replace(DEV_32B, depth=2, depth_single_blocks=12)
+REAL_SHAPES = {"klein-4b": KLEIN_4B, "klein-9b": KLEIN_9B, "dev": DEV_QUARTER, "fill": FILL_DEV}
 # Qwen3-4B / Qwen3-8B (the klein text encoders): hidden, MLP, heads, KV heads (head dim 128)
 REAL_TEXT = {2560: (2560, 9728, 32, 8), 4096: (4096, 12288, 32, 8)}
 
@@ -92,7 +96,7 @@ class Inputs:
         return torch.cat(self.refs, 1) if self.refs else None
 
 
-def make_inputs(case: Case, ctx_dim: int, device, dtype, seed: int = 0) -> Inputs:
+def make_inputs(case: Case, ctx_dim: int, device, dtype, seed: int = 0, guidance: float | None = None):
     g = torch.Generator().manual_seed(seed)
     grid, ref_grid = case.grid, case.ref_size // 16
     x = torch.randn(1, grid * grid, 128, generator=g).to(device, dtype)
@@ -109,6 +113,7 @@ def make_inputs(case: Case, ctx_dim: int, device, dtype, seed: int = 0) -> Input
         ref_ids,
         grid,
         ref_grid,
+        {} if guidance is None else {"guidance": torch.tensor([guidance], device=device)},
     )
 
 
@@ -155,7 +160,7 @@ def diffusers_kwargs(config: Flux2Config) -> dict:
         joint_attention_dim=config.context_in_dim,
         axes_dims_rope=tuple(config.axes_dim),
         mlp_ratio=config.mlp_ratio,
-        guidance_embeds=False,
+        guidance_embeds=config.guidance_embed,
     )
 
 
@@ -232,14 +237,16 @@ class Ours:
 
         loaded = load_checkpoint(DIT_SPEC, Checkpoint(Path("bench.safetensors"), bfl), dtype, device)
         self.net = loaded.module
-        self.model = Flux2Model(self.net, VARIANTS["distilled"], "bench")
+        variant = "dev" if self.net.config.guidance_embed else "distilled"
+        self.model = Flux2Model(self.net, VARIANTS[variant], "bench")
 
     def step(self, case: Case, inp: Inputs):
         net = self.net
         if case.kv:
             cache = net.encode_reference_kv(inp.ref, inp.ref_ids)
             return lambda: net.forward_kv_cached(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, cache)
-        return lambda: net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, inp.ref, inp.ref_ids)
+        g = inp.extra.get("guidance")
+        return lambda: net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, inp.ref, inp.ref_ids, guidance=g)
 
     def extract(self, case: Case, inp: Inputs):
         """The KV model's first step: the references' K/V computed (from the references alone), then the
@@ -285,6 +292,7 @@ class Diffusers:
             timestep=inp.t,
             img_ids=ids,
             txt_ids=inp.ctx_ids,
+            guidance=inp.extra.get("guidance"),
             return_dict=False,
             **kw,
         )
@@ -337,7 +345,7 @@ class Native:
         n = inp.x.shape[1]
 
         def run():
-            out = self.dm(x, inp.t, inp.ctx, ref_latents=refs)
+            out = self.dm(x, inp.t, inp.ctx, ref_latents=refs, guidance=inp.extra.get("guidance"))
             return out.reshape(out.shape[0], 128, n).transpose(1, 2)
 
         return run

@@ -1,0 +1,69 @@
+"""The benchmark suite runs on a CPU for every family it covers, and its memory measure counts what it says.
+
+``benchmarks/suite.py --gpu-real`` builds the real klein, dev and Fill shapes on a GPU; the same code builds
+each family's medium shape here (tiny widths), so a broken builder or a call that no longer matches an
+implementation shows without a GPU. Each case's outputs must agree across implementations (the suite
+compares them with ours), and our step's peak of live tensors must not exceed diffusers' on the FLUX.2
+cases (the leaner-step bound the suite reports at real widths).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from live_tensors import LiveTensors, peak_tensor_bytes  # noqa: E402
+
+TINY = "--heads 1 --depth 1 --single 1 --text-width 32 --sizes 64 --edit-size 64 --ref-size 64 --refs 1"
+
+
+def test_live_tensors_counts_each_storage_while_it_lives():
+    def work():
+        a = torch.ones(1024, dtype=torch.float32)  # 4 KiB
+        b = a.view(32, 32) * 2  # 4 KiB more; the view adds nothing
+        del a
+        c = torch.zeros(2048, dtype=torch.float64)  # 16 KiB, with b alive
+        return b.sum() + c.sum()
+
+    with torch.inference_mode():
+        # at the last add: b, c, b.sum() (float32), c.sum() and their sum (float64)
+        assert peak_tensor_bytes(work) == 4096 + 16384 + 4 + 8 + 8
+        outside = torch.ones(4096)  # made before the call: not counted
+        with LiveTensors() as live:
+            y = outside + 1
+            del y
+        assert live.peak == 4 * 4096 and live.current == 0
+
+
+def test_suite_runs_every_family_on_a_cpu_and_the_implementations_agree(tmp_path):
+    out = tmp_path / "suite.json"
+    cmd = [sys.executable, "suite.py", "--shapes", "klein-4b", "dev", "fill", *TINY.split()]
+    cmd += ["--rounds", "1", "--skip", "text", "vae", "e2e", "load", "--json", str(out)]
+    run = subprocess.run(cmd, cwd=REPO / "benchmarks", capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    shapes = json.loads(out.read_text())["shapes"]
+    assert list(shapes) == ["medium", "dev medium", "fill medium"]
+    expected = {
+        "medium": ["t2i 64²", "edit 64² + 1 ref", "KV cached 64² + 1 ref", "KV extract 64² + 1 ref"],
+        "dev medium": ["t2i 64²", "edit 64² + 1 ref"],  # no KV model for dev
+        "fill medium": ["fill 64²"],
+    }
+    for label, names in expected.items():
+        dit = shapes[label]["dit"]
+        skipped = [n for n in dit if n.endswith("skipped by the step cache")]
+        assert skipped == [f"{names[0]} skipped by the step cache"], label
+        for name in names:
+            impls = dit[name]["impls"]
+            assert impls["diffusers"]["max_abs_diff_vs_ours"] < 1e-4, (label, name)
+            ours, theirs = impls["ours"]["peak_tensors_above"], impls["diffusers"]["peak_tensors_above"]
+            assert ours > 0 and theirs > 0
+            if label != "fill medium":
+                assert ours <= theirs, (label, name, ours, theirs)
+    assert "peak memory above the start of each call" in run.stdout
