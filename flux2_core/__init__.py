@@ -17,7 +17,18 @@ subpackage one part: ``dit`` (the transformer), ``vae``, ``text`` (Qwen3, Mistra
 (streaming, block placement, tensor / sequence parallelism), ``flux1`` (FLUX.1 Fill [dev]) and ``cli``.
 """
 
-from .configs import FLUX1, FLUX2, KLEIN_4B, KLEIN_9B, KLEIN_VARIANTS, VARIANTS, Family, Flux2Config, Variant
+from .configs import (
+    FLUX1,
+    FLUX2,
+    KLEIN_4B,
+    KLEIN_9B,
+    KLEIN_VARIANTS,
+    TEXT_ENCODER_FOR_CONTEXT,
+    VARIANTS,
+    Family,
+    Flux2Config,
+    Variant,
+)
 from .devices.parallel import (
     Distributed,
     ParallelInfo,
@@ -80,8 +91,11 @@ from .sampling import (
     encode_reference_kv,
     estimate_memory,
     get_sigmas,
+    latent_velocity,
+    model_run,
     output_size,
     sample,
+    sampling_memory,
     settings_numbers,
 )
 from .text.encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
@@ -122,6 +136,7 @@ __all__ = [
     "ReferenceLatents",
     "RefKVCache",
     "RefKVStore",
+    "TEXT_ENCODER_FOR_CONTEXT",
     "STEP_CACHE_HELP",
     "SampleSettings",
     "StepCache",
@@ -148,6 +163,8 @@ __all__ = [
     "get_sigmas",
     "init_distributed",
     "latent_mask",
+    "latent_velocity",
+    "model_run",
     "load_fill_text_encoder",
     "load_fill_transformer",
     "load_flux1_vae",
@@ -171,6 +188,7 @@ __all__ = [
     "read_lora",
     "remove_placement",
     "sample",
+    "sampling_memory",
     "sample_fill",
     "settings_numbers",
     "streamer_of",

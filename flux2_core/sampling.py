@@ -9,9 +9,10 @@ sigma (ComfyUI's choice; BFL and diffusers round it to bf16 first, and do so dif
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,7 @@ import torch
 from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
 from .devices.streaming import streamer_of
 from .dit.kv_cache import RefKVCache
-from .dit.rope import image_ids, text_ids
+from .dit.rope import image_ids, reference_ids, text_ids
 from .dit.step_cache import StepCache
 from .dit.transformer import Flux2Model
 from .editing import inpaint_blend
@@ -89,10 +90,12 @@ def check_text_width(config, name: str, got: int, what: str = "conditioning") ->
         )
 
 
-def estimate_memory(model: Flux2Model, settings: SampleSettings, references: ReferenceLatents | None) -> int:
+def estimate_memory(
+    model: Flux2Model, settings: SampleSettings, references: ReferenceLatents | int | None
+) -> int:
     """Rough peak bytes of activations (plus the KV cache, plus the device copies of streamed blocks) for one
-    sampling run of a loaded model."""
-    num_ref = references.num_tokens if references is not None else 0
+    sampling run of a loaded model; ``references`` may also be just their number of tokens."""
+    num_ref = references if isinstance(references, int) else (references.num_tokens if references else 0)
     streamer = streamer_of(model.transformer)
     streamed = streamer.working_bytes if streamer is not None else 0
     return sampling_memory(model.config, model.variant, model.transformer.dtype, settings, num_ref) + streamed
@@ -124,6 +127,15 @@ def encode_reference_kv(model: Flux2Model, references: ReferenceLatents) -> RefK
     net = model.transformer
     with patched(net, DIT, model.loras):
         return net.encode_reference_kv(references.tokens.to(net.device, net.dtype), references.ids)
+
+
+@contextlib.contextmanager
+def model_run(model: Flux2Model, interrupt: Callable[[], None] | None = None) -> Iterator[None]:
+    """One sampling run's setting of the model, for the body of the ``with``: its LoRAs applied, and
+    ``interrupt`` called before every block (it may raise to stop the run)."""
+    net = model.transformer
+    with before_each(net.blocks(), calling(interrupt)), patched(net, DIT, model.loras):
+        yield
 
 
 def sample(
@@ -191,10 +203,7 @@ def sample(
     x = start_from(noise, source, sigmas[0])
     blend = None if mask is None else inpaint_blend(source, mask.float().to(device), noise)
     report = None if callback is None else (lambda step, total, x0: callback(step, total, unpack(x0, *grid)))
-    with (
-        before_each(model.transformer.blocks(), calling(interrupt)),
-        patched(model.transformer, DIT, model.loras),
-    ):
+    with model_run(model, interrupt):
         x = euler(denoise, x, sigmas, report, blend)
     if cache.passes:
         log.info("%s", cache.describe())
@@ -205,6 +214,43 @@ def sample(
             "(use bfloat16 or float32), or an extreme guidance value (use about 4 for base models)"
         )
     return unpack(x, *grid).cpu()
+
+
+def latent_velocity(
+    model: Flux2Model,
+    x: torch.Tensor,
+    sigma: torch.Tensor,
+    context: torch.Tensor,
+    references: list[torch.Tensor] | None = None,
+    guidance: torch.Tensor | None = None,
+    kv_cache: RefKVCache | None = None,
+) -> torch.Tensor:
+    """One DiT call on latents, the way native ComfyUI calls its FLUX.2 model: ``x`` [B, 128, h, w] at noise
+    level ``sigma`` [B] -> the velocity (noise - x0) [B, 128, h, w], float32, on ``x``'s device.
+
+    ``context`` [B, L, C] (any L), ``references`` [B or 1, 128, h_k, w_k] latents at time offsets 10, 20,
+    ... (native's "index" method, ours), ``guidance`` [B] the embedded value (dev; ignored by klein),
+    ``kv_cache`` the KV model's reference K/V (``references`` then unused). LoRAs, streaming and interrupt
+    hooks are the caller's, for the whole run."""
+    net = model.transformer
+    device, dtype = net.device, net.dtype
+    b, _, h, w = x.shape
+    tokens, x_ids = pack(x).to(device, dtype), image_ids(h, w)
+    t = sigma.float().to(device).reshape(-1).expand(b)
+    ctx = context.to(device, dtype)
+    kw = {}
+    if guidance is not None and net.config.guidance_embed:
+        kw["guidance"] = guidance.float().to(device).reshape(-1).expand(b)
+    with torch.inference_mode():
+        if kv_cache is not None:
+            v = net.forward_kv_cached(tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), kv_cache, **kw)
+        elif references:
+            refs = torch.cat([lat.flatten(2).transpose(1, 2) for lat in references], dim=1).to(device, dtype)
+            ids = reference_ids([tuple(lat.shape[-2:]) for lat in references])
+            v = net(tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), refs, ids, **kw)
+        else:
+            v = net(tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), **kw)
+    return unpack(v.float(), h, w).to(x.device)
 
 
 def _check_editing(start, strength, mask, settings: SampleSettings, grid) -> None:

@@ -9,6 +9,7 @@ from .fill import Flux1FillDecode, Flux1FillSampler, Flux1FillTextEncode
 from .fill_loaders import Flux1FillModelLoader, Flux1FillTextEncoderLoader, Flux1FillVAELoader
 from .loaders import Flux2KleinModelLoader, Flux2KleinTextEncoderLoader, Flux2KleinVAELoader
 from .lora import Flux2KleinLoraLoader
+from .native import Flux2KleinFromNativeConditioning, Flux2KleinToNativeConditioning, Flux2KleinToNativeModel
 from .reference_encode import Flux2KleinReferenceEncode
 from .sampler import Flux2KleinSampler
 from .text_encode import Flux2KleinTextEncode
@@ -26,6 +27,9 @@ NODE_CLASS_MAPPINGS = {
     "Flux2KleinComposite": Flux2KleinComposite,
     "Flux2KleinOutpaintPad": Flux2KleinOutpaintPad,
     "Flux2KleinLoraLoader": Flux2KleinLoraLoader,
+    "Flux2KleinToNativeModel": Flux2KleinToNativeModel,
+    "Flux2KleinToNativeConditioning": Flux2KleinToNativeConditioning,
+    "Flux2KleinFromNativeConditioning": Flux2KleinFromNativeConditioning,
     "Flux1FillModelLoader": Flux1FillModelLoader,
     "Flux1FillTextEncoderLoader": Flux1FillTextEncoderLoader,
     "Flux1FillVAELoader": Flux1FillVAELoader,
@@ -47,6 +51,9 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "Flux2KleinComposite": "FLUX.2 Composite",
     "Flux2KleinOutpaintPad": "FLUX.2 Outpaint Pad",
     "Flux2KleinLoraLoader": "FLUX.2 [klein] LoRA Loader",
+    "Flux2KleinToNativeModel": "FLUX.2 to native MODEL",
+    "Flux2KleinToNativeConditioning": "FLUX.2 to native CONDITIONING",
+    "Flux2KleinFromNativeConditioning": "FLUX.2 from native CONDITIONING",
     "Flux1FillModelLoader": "FLUX.1 Fill [dev] Model Loader",
     "Flux1FillTextEncoderLoader": "FLUX.1 Fill [dev] Text Encoder Loader",
     "Flux1FillVAELoader": "FLUX.1 Fill [dev] VAE Loader",

@@ -215,3 +215,66 @@ def tokenizer_folders() -> list[str]:
 
     root = os.path.dirname(os.path.realpath(mm.__file__))
     return [os.path.join(root, "sd1_tokenizer"), os.path.join(root, "text_encoders", "t5_tokenizer")]
+
+
+def diffusion_model_wrappers(fn, owner, transformer_options: dict):
+    """``fn`` behind the ``DIFFUSION_MODEL`` wrappers model patches registered (EasyCache's among them), as
+    native FLUX's ``forward`` runs its ``_forward``."""
+    import comfy.patcher_extension as ext
+
+    wrappers = ext.get_all_wrappers(ext.WrappersMP.DIFFUSION_MODEL, transformer_options)
+    return ext.WrapperExecutor.new_class_executor(fn, owner, wrappers).execute
+
+
+NATIVE_KEY = "flux2_klein"
+_NATIVE_CLASSES: list = []
+
+
+def native_flux2_model(dit, *, hidden_size, guidance_embed, dtype, patchers, memory_required, outer_sample,
+                       weight_patch_refusal: str):  # fmt: skip
+    """A native FLUX.2 ``MODEL``: a ``ModelPatcher`` around ``comfy.model_base.Flux2`` (native's latent
+    format, model_sampling, extra_conds) whose ``diffusion_model`` is ``dit``.
+
+    ``patchers`` (the weights' own) become the MODEL's additional models, so native sampling loads and keeps
+    them with it; ``outer_sample`` wraps every sampling run; ``memory_required(shape, ref_tokens)`` is the
+    model's activation estimate; weight patches are refused with ``weight_patch_refusal``."""
+    import comfy.patcher_extension as ext
+    import comfy.supported_models
+
+    model_class, patcher_class = _native_classes()
+    config = comfy.supported_models.Flux2({
+        "image_model": "flux2", "hidden_size": hidden_size, "in_channels": 128, "out_channels": 128,
+        "patch_size": 1, "guidance_embed": guidance_embed, "disable_unet_model_creation": True,
+    })  # fmt: skip
+    config.set_inference_dtype(dtype, None)
+    first = patchers[0]
+    model = model_class(config, device=first.offload_device)
+    model.diffusion_model = dit
+    model.flux2_klein_memory = memory_required  # on the model: patcher clones share it
+    model.flux2_klein_refusal = weight_patch_refusal
+    patcher = patcher_class(model, first.load_device, first.offload_device)
+    patcher.set_additional_models(NATIVE_KEY, list(patchers))
+    patcher.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, NATIVE_KEY, outer_sample)
+    return patcher
+
+
+def _native_classes() -> list:
+    """The ``model_base.Flux2`` and ``ModelPatcher`` subclasses, defined once (they need the host)."""
+    if _NATIVE_CLASSES:
+        return _NATIVE_CLASSES
+    import comfy.model_base
+    import comfy.model_patcher
+
+    class Flux2KleinNativeModel(comfy.model_base.Flux2):
+        def memory_required(self, input_shape, cond_shapes={}):  # noqa: B006  (native's signature)
+            refs = cond_shapes.get("ref_latents") or []  # native's [1, 16, tokens] per batch of references
+            return self.flux2_klein_memory(tuple(input_shape), sum(int(s[-1]) for s in refs))
+
+    class Flux2KleinNativePatcher(comfy.model_patcher.ModelPatcher):
+        def add_patches(self, patches, strength_patch=1.0, strength_model=1.0):
+            # Native LoRA loading maps a file's keys to this model's (none match: its weights are not
+            # native's), then adds what matched: the call comes even when nothing did.
+            raise Flux2Error(self.model.flux2_klein_refusal)
+
+    _NATIVE_CLASSES.extend([Flux2KleinNativeModel, Flux2KleinNativePatcher])
+    return _NATIVE_CLASSES

@@ -62,6 +62,7 @@ def kind_of(spec: tuple) -> str:
 LOADERS, CONDITIONING, SAMPLING, LATENT, INPAINT = (
     f"flux2_klein/{c}" for c in ("loaders", "conditioning", "sampling", "latent", "inpaint")
 )
+NATIVE = "flux2_klein/native"
 TILES = (("tile_size", "INT"), ("tile_overlap", "INT"))
 
 CONTRACT: dict[str, Node] = {
@@ -119,6 +120,15 @@ CONTRACT: dict[str, Node] = {
         (("model", MODEL), ("lora_name", "COMBO"), ("strength", "FLOAT")),
         (("block_strengths", "STRING"), ("text_encoder", TE)),
         (MODEL, "STRING", TE),
+    ),
+    "Flux2KleinToNativeModel": Node(
+        "FLUX.2 to native MODEL", NATIVE, (("model", MODEL),), (), ("MODEL",)
+    ),
+    "Flux2KleinToNativeConditioning": Node(
+        "FLUX.2 to native CONDITIONING", NATIVE, (("conditioning", COND),), (), ("CONDITIONING",)
+    ),
+    "Flux2KleinFromNativeConditioning": Node(
+        "FLUX.2 from native CONDITIONING", NATIVE, (("conditioning", "CONDITIONING"),), (), (COND,)
     ),
     "Flux1FillModelLoader": Node(
         "FLUX.1 Fill [dev] Model Loader", "flux1_fill/loaders",

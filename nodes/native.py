@@ -1,0 +1,108 @@
+"""Bridges to native ComfyUI graphs: our FLUX.2 model as a native MODEL, our conditioning as native
+CONDITIONING, and native CONDITIONING back into ours.
+
+With them a model loaded here (kept quantised, streamed, split across GPUs, with our LoRAs) is sampled by
+native nodes: KSampler, SamplerCustomAdvanced with CFGGuider / BasicGuider, KSamplerSelect, Flux2Scheduler,
+ReferenceLatent, EasyCache, LazyCache. The reverse direction is a node of its own
+(``Flux2KleinFromNativeConditioning``) rather than a second type on our sampler's inputs, so the sampler's
+sockets keep one meaning and a native text encoding is checked (one prompt, no references) where it enters.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..flux2_core import TEXT_ENCODER_FOR_CONTEXT, Flux2Error
+from . import host, types
+from .native_model import native_model
+from .sampler import KV_STORE
+from .types import socket
+
+CATEGORY = "flux2_klein/native"
+
+
+class Flux2KleinToNativeModel:
+    DESCRIPTION = (
+        "Our FLUX.2 model (klein, base, 9B-KV or dev, with its LoRAs, quantised weights, streaming or block "
+        "split) as a native MODEL, for native samplers, guiders, schedulers and model patches such as "
+        "EasyCache. Native weight patches (LoraLoaderModelOnly) are refused: load LoRAs with FLUX.2 [klein] "
+        "LoRA Loader first."
+    )
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    RETURN_NAMES = ("model",)
+    OUTPUT_TOOLTIPS = ("A native MODEL that follows native FLUX.2's conventions and runs this pack's DiT.",)
+    FUNCTION = "convert"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": socket(types.MODEL, "From FLUX.2 Model Loader (or the LoRA loader).")}}
+
+    def convert(self, model: types.KleinModel):
+        return (native_model(model, KV_STORE),)
+
+
+class Flux2KleinToNativeConditioning:
+    DESCRIPTION = (
+        "Our FLUX.2 conditioning as native CONDITIONING (the same embedding), for CFGGuider, "
+        "ReferenceLatent, ConditioningZeroOut, FluxGuidance and the other native conditioning nodes."
+    )
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("CONDITIONING",)
+    RETURN_NAMES = ("conditioning",)
+    OUTPUT_TOOLTIPS = ("Native FLUX.2 CONDITIONING: [[embedding [1, 512, width], {pooled_output: None}]].",)
+    FUNCTION = "convert"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"conditioning": socket(types.CONDITIONING, "From FLUX.2 Text Encode.")}}
+
+    def convert(self, conditioning: types.KleinConditioning):
+        return (conditioning.to_native(),)
+
+
+class Flux2KleinFromNativeConditioning:
+    DESCRIPTION = (
+        "Native FLUX.2 CONDITIONING (native CLIPTextEncode with a FLUX.2 text encoder) as our conditioning, "
+        "for the FLUX.2 Sampler. One prompt; references go through FLUX.2 Reference Encode."
+    )
+    CATEGORY = CATEGORY
+    RETURN_TYPES = (types.CONDITIONING,)
+    RETURN_NAMES = ("conditioning",)
+    OUTPUT_TOOLTIPS = ("The same embedding, for the FLUX.2 Sampler's positive or negative input.",)
+    FUNCTION = "convert"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "conditioning": socket(
+                    "CONDITIONING", "Native FLUX.2 conditioning (CLIPTextEncode with a FLUX.2 text encoder)."
+                )
+            }
+        }
+
+    def convert(self, conditioning):
+        return (from_native(conditioning),)
+
+
+def from_native(conditioning) -> types.KleinConditioning:
+    """One native conditioning entry ``[embedding [B, L, width], options]`` -> ours, or a clear refusal."""
+    if not isinstance(conditioning, list) or len(conditioning) != 1:
+        count = len(conditioning) if isinstance(conditioning, list) else type(conditioning).__name__
+        raise Flux2Error(
+            f"the native conditioning holds {count} entries: connect one prompt's encoding (combined, "
+            "concatenated or area conditionings have no FLUX.2 Sampler equivalent)"
+        )
+    embeds, options = conditioning[0][0], conditioning[0][1] if len(conditioning[0]) > 1 else {}
+    if not isinstance(embeds, torch.Tensor) or embeds.ndim != 3:
+        shape = list(embeds.shape) if isinstance(embeds, torch.Tensor) else type(embeds).__name__
+        raise Flux2Error(f"the native conditioning's embedding has shape {shape}, not [batch, tokens, width]")
+    if options.get("reference_latents"):
+        raise Flux2Error(
+            "the native conditioning carries reference latents (ReferenceLatent): connect the references to "
+            "the FLUX.2 Sampler through FLUX.2 Reference Encode instead"
+        )
+    width = embeds.shape[-1]
+    name = TEXT_ENCODER_FOR_CONTEXT.get(width, f"a {width // 3}-wide text encoder (native)")
+    return types.KleinConditioning(embeds.to(host.intermediate_device(), torch.float32), name, width)

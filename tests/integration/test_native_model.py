@@ -1,0 +1,253 @@
+"""Our FLUX.2 model in native graphs (Flux2KleinToNativeModel / ToNativeConditioning), on one real server.
+
+Every case runs, in one prompt, three ways on the same weights and seed:
+
+- ours: our loader -> Flux2KleinSampler -> Flux2KleinDecode;
+- ours in native: the same loaded model through "FLUX.2 to native MODEL" and our conditioning through
+  "FLUX.2 to native CONDITIONING", sampled by native nodes (a guider, KSamplerSelect, a scheduler,
+  RandomNoise, EmptyFlux2LatentImage, SamplerCustomAdvanced), decoded by our Decode;
+- native: native UNETLoader's own model of the same file through the same native nodes.
+
+With euler and Flux2Scheduler (our sampler's schedule) all three agree within 1/255; with other samplers
+and schedulers ours-in-native and native agree within 1/255. Controls show the comparison can fail (another
+seed; EasyCache's result differs from the uncached one).
+"""
+
+from __future__ import annotations
+
+import re
+from io import BytesIO
+
+import numpy as np
+import pytest
+
+SEED, STEPS = 11, 4
+PROMPT = "a paper boat on a puddle, city lights, rain"
+SIZE = (128, 96)
+TOLERANCE = 1  # of 255
+DIT = "flux-2-klein-4b.safetensors"
+
+
+def node(class_type: str, **inputs) -> dict:
+    return {"class_type": class_type, "inputs": inputs}
+
+
+class Graph:
+    """An API prompt being built: ``add`` returns the new node's id."""
+
+    def __init__(self):
+        self.nodes: dict[str, dict] = {}
+
+    def add(self, class_type: str, **inputs) -> str:
+        key = str(len(self.nodes) + 1)
+        self.nodes[key] = node(class_type, **inputs)
+        return key
+
+    def save(self, image: str, name: str) -> None:
+        prefix = f"native_model/{name}"
+        self.nodes[f"save_{name}"] = node("SaveImage", images=[image, 0], filename_prefix=prefix)
+
+
+def base_graph(model_name: str = DIT, variant: str = "distilled", loader: dict | None = None):
+    g = Graph()
+    ids = {
+        "model": g.add("Flux2KleinModelLoader", model_name=model_name, variant=variant, **(loader or {})),
+        "te": g.add("Flux2KleinTextEncoderLoader", text_encoder_name="qwen_3_4b.safetensors"),
+        "vae": g.add("Flux2KleinVAELoader", vae_name="flux2-vae.safetensors"),
+    }
+    ids["positive"] = g.add("Flux2KleinTextEncode", text_encoder=[ids["te"], 0], text=PROMPT)
+    ids["negative"] = g.add("Flux2KleinTextEncode", text_encoder=[ids["te"], 0], text="")
+    ids["native_model"] = g.add("Flux2KleinToNativeModel", model=[ids["model"], 0])
+    ids["native_positive"] = g.add("Flux2KleinToNativeConditioning", conditioning=[ids["positive"], 0])
+    ids["native_negative"] = g.add("Flux2KleinToNativeConditioning", conditioning=[ids["negative"], 0])
+    return g, ids
+
+
+def ours(g: Graph, ids: dict, name: str, model=None, batch: int = 1, **sampler) -> None:
+    settings = dict(seed=SEED, steps=STEPS, guidance=1.0, width=SIZE[0], height=SIZE[1], batch_size=batch)
+    latent = g.add("Flux2KleinSampler", model=[model or ids["model"], 0], positive=[ids["positive"], 0],
+                   **{**settings, **sampler})  # fmt: skip
+    g.save(g.add("Flux2KleinDecode", vae=[ids["vae"], 0], latent=[latent, 0]), name)
+
+
+def native(g: Graph, ids: dict, name: str, model: str, positive: str, negative: str | None = None,
+           cfg: float = 1.0, sampler: str = "euler", scheduler: str = "flux2", seed: int = SEED,
+           batch: int = 1, steps: int = STEPS) -> None:  # fmt: skip
+    """A native sampling chain on ``model`` with a guider (CFGGuider when a negative is given)."""
+    if negative is None:
+        guider = g.add("BasicGuider", model=[model, 0], conditioning=[positive, 0])
+    else:
+        guider = g.add("CFGGuider", model=[model, 0], positive=[positive, 0], negative=[negative, 0], cfg=cfg)
+    if scheduler == "flux2":
+        sigmas = g.add("Flux2Scheduler", steps=steps, width=SIZE[0], height=SIZE[1])
+    else:
+        sigmas = g.add("BasicScheduler", model=[model, 0], scheduler=scheduler, steps=steps, denoise=1.0)
+    latent = g.add(
+        "SamplerCustomAdvanced",
+        noise=[g.add("RandomNoise", noise_seed=seed), 0],
+        guider=[guider, 0],
+        sampler=[g.add("KSamplerSelect", sampler_name=sampler), 0],
+        sigmas=[sigmas, 0],
+        latent_image=[g.add("EmptyFlux2LatentImage", width=SIZE[0], height=SIZE[1], batch_size=batch), 0],
+    )
+    g.save(g.add("Flux2KleinDecode", vae=[ids["vae"], 0], latent=[latent, 0]), name)
+
+
+def images(comfy, g: Graph) -> dict[str, np.ndarray]:
+    entry = comfy.run(g.nodes, timeout=600)
+    out = {}
+    for node_id, image in comfy.images(entry).items():
+        out[node_id.removeprefix("save_")] = np.asarray(image.convert("RGB"), dtype=np.int16)
+    return out
+
+
+def batch_images(comfy, g: Graph) -> dict[str, list[np.ndarray]]:
+    from PIL import Image
+
+    entry = comfy.run(g.nodes, timeout=600)
+    out: dict[str, list[np.ndarray]] = {}
+    for image in comfy.kc.fetch_outputs(entry):
+        picture = Image.open(BytesIO(comfy.kc.download_image(comfy.url, image))).convert("RGB")
+        out.setdefault(image["node_id"].removeprefix("save_"), []).append(np.asarray(picture, dtype=np.int16))
+    return out
+
+
+def diff(a, b) -> int:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return int(np.abs(a - b).max())
+
+
+def test_native_samplers_on_our_model_give_our_samplers_image(comfy):
+    g, ids = base_graph()
+    ours(g, ids, "ours")
+    native(g, ids, "ours_in_native", ids["native_model"], ids["native_positive"])
+    unet = g.add("UNETLoader", unet_name=DIT, weight_dtype="default")
+    native(g, ids, "native", unet, ids["native_positive"])
+    native(g, ids, "other_seed", ids["native_model"], ids["native_positive"], seed=SEED + 1)
+    got = images(comfy, g)
+    assert got["ours"].std() > 20
+    assert diff(got["ours_in_native"], got["ours"]) <= TOLERANCE
+    assert diff(got["ours_in_native"], got["native"]) <= TOLERANCE
+    assert np.abs(got["other_seed"] - got["ours"]).mean() > 10  # the comparison can fail
+
+
+def test_base_model_with_cfg_guider_and_an_empty_negative(comfy):
+    g, ids = base_graph("flux-2-klein-base-4b.safetensors", "base")
+    ours(g, ids, "ours", guidance=3.0, negative=[ids["negative"], 0])
+    native(g, ids, "ours_in_native", ids["native_model"], ids["native_positive"], ids["native_negative"], 3.0)
+    native(g, ids, "cfg_1", ids["native_model"], ids["native_positive"], ids["native_negative"], 1.0)
+    got = images(comfy, g)
+    assert diff(got["ours_in_native"], got["ours"]) <= TOLERANCE
+    assert np.abs(got["cfg_1"] - got["ours"]).mean() > 3  # the guidance scale reaches the image
+
+
+def test_two_reference_edit_through_reference_latent(comfy):
+    g, ids = base_graph()
+    pictures = [comfy.upload((112, 80)), comfy.upload((64, 80))]
+    loads = [g.add("LoadImage", image=p) for p in pictures]
+    refs = g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0], image=[loads[0], 0], max_megapixels=1.0)
+    refs = g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0], image=[loads[1], 0], references=[refs, 0],
+                 max_megapixels=1.0)  # fmt: skip
+    ours(g, ids, "ours", references=[refs, 0])
+    positive = ids["native_positive"]
+    for load in loads:  # our encode node's latents, as the issue's graph has them
+        latent = g.add("Flux2KleinEncode", vae=[ids["vae"], 0], image=[load, 0])
+        positive = g.add("ReferenceLatent", conditioning=[positive, 0], latent=[latent, 0])
+    native(g, ids, "ours_in_native", ids["native_model"], positive)
+    native(g, ids, "no_references", ids["native_model"], ids["native_positive"])
+    got = images(comfy, g)
+    assert diff(got["ours_in_native"], got["ours"]) <= TOLERANCE
+    assert np.abs(got["no_references"] - got["ours"]).mean() > 3  # the references reach the image
+
+
+def test_a_batch_of_two(comfy):
+    g, ids = base_graph()
+    ours(g, ids, "ours", batch=2)
+    native(g, ids, "ours_in_native", ids["native_model"], ids["native_positive"], batch=2)
+    got = batch_images(comfy, g)
+    assert len(got["ours"]) == len(got["ours_in_native"]) == 2
+    for a, b in zip(got["ours"], got["ours_in_native"]):
+        assert diff(a, b) <= TOLERANCE
+    assert np.abs(got["ours"][0] - got["ours"][1]).mean() > 10  # two images, not one twice
+
+
+@pytest.mark.parametrize(
+    "sampler, scheduler", [("euler", "simple"), ("dpmpp_2m", "flux2"), ("res_multistep", "beta")]
+)
+def test_other_samplers_and_schedulers_match_native_model(comfy, sampler, scheduler):
+    g, ids = base_graph("flux-2-klein-base-4b.safetensors", "base")
+    unet = g.add("UNETLoader", unet_name="flux-2-klein-base-4b.safetensors", weight_dtype="default")
+    native_positive, native_negative = ids["native_positive"], ids["native_negative"]
+    for name, model in (("ours_in_native", ids["native_model"]), ("native", unet)):
+        native(g, ids, name, model, native_positive, native_negative, 2.5, sampler, scheduler, steps=6)
+    got = images(comfy, g)
+    assert got["native"].std() > 20
+    assert diff(got["ours_in_native"], got["native"]) <= TOLERANCE
+
+
+def test_easycache_skips_steps_on_our_model_as_on_native(comfy):
+    g, ids = base_graph()
+    unet = g.add("UNETLoader", unet_name=DIT, weight_dtype="default")
+    cache = dict(reuse_threshold=0.8, start_percent=0.1, end_percent=0.95, verbose=False)
+    cached_ours = g.add("EasyCache", model=[ids["native_model"], 0], **cache)
+    cached_native = g.add("EasyCache", model=[unet, 0], **cache)
+    before = comfy.log()
+    for name, model in (("ours", cached_ours), ("native", cached_native), ("uncached", ids["native_model"])):
+        native(g, ids, name, model, ids["native_positive"], steps=12)
+    got = images(comfy, g)
+    log = comfy.log()[len(before) :]
+    skipped = [int(n) for n in re.findall(r"EasyCache - skipped (\d+)/\d+ steps", log)]
+    assert len(skipped) == 2 and skipped[0] == skipped[1] > 0, log[-2000:]
+    assert diff(got["ours"], got["native"]) <= TOLERANCE
+    assert np.abs(got["ours"] - got["uncached"]).mean() > 0.1  # the skipped steps changed the image
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["fp8", "gguf", "stream", "lora"],
+)
+def test_loading_options_survive_native_sampling(comfy, case):
+    """fp8 and GGUF files kept quantised, a streamed model and a LoRA: native sampling on our MODEL equals our
+    sampler on the same loaded model, and a native KSampler runs it like native's own model would."""
+    model_name, loader = DIT, {}
+    if case == "fp8":
+        model_name = "flux-2-klein-4b-fp8.safetensors"
+    elif case == "gguf":
+        model_name = "flux-2-klein-4b-Q8_0.gguf"
+    elif case == "stream":
+        loader = {"offload": "stream", "resident_mb": 0}
+    g, ids = base_graph(model_name, loader=loader)
+    model = ids["model"]
+    if case == "lora":
+        model = g.add("Flux2KleinLoraLoader", model=[model, 0], lora_name="flux-2-klein-4b-lora.safetensors",
+                      strength=1.0)  # fmt: skip
+        ids["native_model"] = g.add("Flux2KleinToNativeModel", model=[model, 0])
+        ours(g, ids, "plain")
+    ours(g, ids, "ours", model=model)
+    native(g, ids, "ours_in_native", ids["native_model"], ids["native_positive"])
+    latent = g.add("EmptyFlux2LatentImage", width=SIZE[0], height=SIZE[1], batch_size=1)
+    ksampled = g.add(
+        "KSampler", model=[ids["native_model"], 0], positive=[ids["native_positive"], 0],
+        negative=[ids["native_negative"], 0], latent_image=[latent, 0], seed=SEED, steps=STEPS, cfg=1.0,
+        sampler_name="euler", scheduler="simple", denoise=1.0,
+    )  # fmt: skip
+    g.save(g.add("Flux2KleinDecode", vae=[ids["vae"], 0], latent=[ksampled, 0]), "ksampler")
+    native(g, ids, "simple", ids["native_model"], ids["native_positive"], scheduler="simple")
+    got = images(comfy, g)
+    assert got["ours"].std() > 20
+    assert diff(got["ours_in_native"], got["ours"]) <= TOLERANCE
+    assert diff(got["ksampler"], got["simple"]) <= TOLERANCE  # KSampler = the same schedule run natively
+    if case == "lora":
+        assert np.abs(got["plain"] - got["ours"]).mean() > 1  # the LoRA reaches native sampling
+
+
+def test_native_weight_patches_and_block_patches_are_refused_clearly(comfy):
+    g, ids = base_graph()
+    lora = g.add("LoraLoaderModelOnly", model=[ids["native_model"], 0],
+                 lora_name="flux-2-klein-4b-lora.safetensors", strength_model=1.0)  # fmt: skip
+    native(g, ids, "lora", lora, ids["native_positive"])
+    with pytest.raises(comfy.kc.ExecutionFailed) as failure:
+        comfy.run(g.nodes, timeout=300)
+    data = failure.value.data
+    assert data["node_type"] == "LoraLoaderModelOnly" and data["exception_type"].endswith("Flux2Error"), data
+    assert "FLUX.2 [klein] LoRA Loader" in data["exception_message"]

@@ -1,0 +1,94 @@
+"""The native-graph bridge without ComfyUI: the core call native samplers make, and the conditioning
+conversions' checks. The real ComfyUI side (native samplers, EasyCache, LoRA refusal) is tested in
+integration/test_native_model.py.
+
+``latent_velocity`` is what our native MODEL's diffusion model runs: latents [B, 128, h, w] in native
+FLUX.2's layout. It is checked against diffusers' transformer called on the packed tokens, with the ids
+written out here from the FLUX.2 conventions (text (0, 0, 0, i); image (0, r, c, 0); reference k at time
+10 (k + 1)), so a transposed packing, a wrong reference offset or a sign slip shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_dit import make_diffusers_dit, write_bfl_file
+
+from flux2_core import latent_velocity, load_transformer
+
+
+def ids_of(t: int, h: int, w: int) -> torch.Tensor:
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return torch.stack([torch.full_like(rows, t), rows, cols, torch.zeros_like(rows)], -1).reshape(-1, 4)
+
+
+def tokens_of(latent: torch.Tensor) -> torch.Tensor:
+    """[B, C, h, w] -> [B, h * w, C], row-major (BFL's and diffusers' packing of FLUX.2 latents)."""
+    return latent.flatten(2).transpose(1, 2)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    reference = make_diffusers_dit(seed=3)
+    path = write_bfl_file(reference, tmp_path_factory.mktemp("bridge") / "dit.safetensors")
+    return reference, load_transformer(path, variant="distilled")
+
+
+def test_latent_velocity_is_the_transformer_on_packed_latents_with_references(models):
+    reference, model = models
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 128, 3, 4, generator=g)
+    refs = [torch.randn(1, 128, 2, 3, generator=g), torch.randn(1, 128, 2, 2, generator=g)]
+    ctx = torch.randn(2, 7, 24, generator=g)
+    sigma = torch.tensor([0.8, 0.8])
+    txt_ids = torch.stack([torch.zeros(7), torch.zeros(7), torch.zeros(7), torch.arange(7.0)], -1)
+    img_ids = torch.cat([ids_of(0, 3, 4), ids_of(10, 2, 3), ids_of(20, 2, 2)])
+    hidden = torch.cat([tokens_of(x), *(tokens_of(r).expand(2, -1, -1) for r in refs)], 1)
+    with torch.no_grad():
+        want = reference(hidden_states=hidden, encoder_hidden_states=ctx, timestep=sigma, img_ids=img_ids,
+                         txt_ids=txt_ids, return_dict=False)[0][:, :12]  # fmt: skip
+    got = latent_velocity(model, x, sigma, ctx, refs)
+    assert got.shape == x.shape and got.dtype == torch.float32
+    torch.testing.assert_close(tokens_of(got), want, atol=1e-5, rtol=0)
+    plain = latent_velocity(model, x, sigma, ctx)
+    assert (plain - got).abs().mean() > 1e-3  # the references reach the output
+    alone = latent_velocity(model, x[:1], sigma[:1], ctx[:1], refs)
+    torch.testing.assert_close(alone, got[:1], atol=1e-5, rtol=0)  # batch items are independent
+
+
+def test_from_native_conditioning_checks_what_it_is_given(fake_pack):
+    native, Flux2Error = fake_pack.nodes.native, fake_pack.flux2_core.Flux2Error  # the pack's own copy
+    embeds = torch.randn(1, 512, 96)
+    ours = native.from_native([[embeds, {"pooled_output": None}]])
+    assert torch.equal(ours.embeds, embeds) and ours.width == 96
+    assert torch.equal(ours.to_native()[0][0], embeds)  # and back: the same tensor
+    with pytest.raises(Flux2Error, match="2 entries"):
+        native.from_native([[embeds, {}], [embeds, {}]])
+    with pytest.raises(Flux2Error, match="Reference Encode"):
+        native.from_native([[embeds, {"reference_latents": [torch.zeros(1, 128, 2, 2)]}]])
+    with pytest.raises(Flux2Error, match="batch, tokens, width"):
+        native.from_native([[torch.zeros(512, 96), {}]])
+    real = native.from_native([[torch.zeros(1, 512, 7680), {}]])
+    assert real.encoder_name == "Qwen3-4B"
+
+
+def test_block_patches_are_refused_by_name(fake_pack):
+    refuse, Flux2Error = fake_pack.nodes.native_model.refuse_patches, fake_pack.flux2_core.Flux2Error
+    refuse({"patches": {}, "patches_replace": {}})  # nothing to refuse
+    with pytest.raises(Flux2Error, match="double_block replacement"):
+        refuse({"patches_replace": {"dit": {("double_block", 0): object()}}})
+    with pytest.raises(Flux2Error, match="attn1_patch"):
+        refuse({"patches": {"attn1_patch": [object()]}})
+
+
+@pytest.fixture(scope="module")
+def fake_pack(tmp_path_factory):
+    from comfy_stubs import FakeHost, load_pack, unload_pack
+
+    host = FakeHost(tmp_path_factory.mktemp("models"))
+    with host.installed():
+        pack = load_pack()
+        try:
+            yield pack
+        finally:
+            unload_pack()
