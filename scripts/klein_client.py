@@ -44,6 +44,12 @@ except ImportError:  # pragma: no cover - depends on the environment
     websocket = None
 
 SAMPLER = ("Flux2KleinSampler", "Flux1FillSampler")  # FLUX.2 [klein], FLUX.1 Fill [dev]
+# Native sampling of our model (the native-sampler workflows): the guider holds the prompts, noise the seed
+NATIVE_SAMPLER, NATIVE_NOISE, KSAMPLER = "SamplerCustomAdvanced", "RandomNoise", "KSampler"
+GUIDER_INPUTS = {"CFGGuider": {"positive": "positive", "negative": "negative"},
+                 "BasicGuider": {"positive": "conditioning"}}  # fmt: skip
+# nodes a conditioning passes through unchanged in text, on its way from the text encode to the guider
+CONDITIONING_PASSTHROUGH = ("Flux2KleinToNativeConditioning", "ReferenceLatent", "FluxGuidance")
 TEXT_ENCODE = ("Flux2KleinTextEncode", "Flux1FillTextEncode")
 REFERENCE_ENCODE = "Flux2KleinReferenceEncode"
 LOAD_IMAGE = "LoadImage"
@@ -131,17 +137,26 @@ def linked_node(workflow: dict, node_id: str, input_name: str) -> str | None:
     return value[0] if _is_link(value) else None
 
 
-def _the_sampler(workflow: dict) -> str:
+def _the_sampler(workflow: dict) -> tuple[str, str]:
+    """(node, input name) the ``which`` prompt is wired to: our sampler's, or a native guider's."""
     samplers = nodes_of_type(workflow, SAMPLER)
-    if not samplers:
-        raise ComfyError(f"the workflow has no {' or '.join(SAMPLER)} node")
-    return samplers[0]
+    if samplers:
+        return samplers[0], ""
+    for native in nodes_of_type(workflow, NATIVE_SAMPLER):
+        guider = linked_node(workflow, native, "guider")
+        if guider is not None and workflow[guider]["class_type"] in GUIDER_INPUTS:
+            return guider, workflow[guider]["class_type"]
+    raise ComfyError(f"the workflow has no {' or '.join(SAMPLER)} node (nor a native sampler with a guider)")
 
 
 def set_prompt(workflow: dict, text: str, which: str = "positive") -> str:
-    """Set the text of the text-encode node wired to the sampler's ``positive`` (or ``negative``) input."""
-    sampler = _the_sampler(workflow)
-    node = linked_node(workflow, sampler, which)
+    """Set the text of the text-encode node wired to the sampler's ``positive`` (or ``negative``) input (with
+    native sampling: the guider's, through the conversion and ReferenceLatent nodes on the way)."""
+    sampler, guider = _the_sampler(workflow)
+    name = GUIDER_INPUTS[guider].get(which) if guider else which
+    node = linked_node(workflow, sampler, name) if name else None
+    while node is not None and workflow[node]["class_type"] in CONDITIONING_PASSTHROUGH:
+        node = linked_node(workflow, node, "conditioning")
     if node is None:
         raise ComfyError(f"the sampler's {which!r} input is not connected in this workflow")
     if workflow[node]["class_type"] not in TEXT_ENCODE:
@@ -151,11 +166,13 @@ def set_prompt(workflow: dict, text: str, which: str = "positive") -> str:
 
 
 def set_seed(workflow: dict, seed: int) -> list[str]:
-    """Set the seed of every sampler."""
-    samplers = nodes_of_type(workflow, SAMPLER)
-    for node in samplers:
+    """Set the seed of every sampler (ours, native KSampler) and native noise node."""
+    nodes = nodes_of_type(workflow, (*SAMPLER, KSAMPLER))
+    for node in nodes:
         workflow[node]["inputs"]["seed"] = int(seed)
-    return samplers
+    for node in nodes_of_type(workflow, NATIVE_NOISE):
+        workflow[node]["inputs"]["noise_seed"] = int(seed)
+    return sorted(nodes + nodes_of_type(workflow, NATIVE_NOISE), key=_id_key)
 
 
 def set_images(workflow: dict, names: list[str]) -> list[str]:

@@ -65,6 +65,24 @@ NATIVE = {
         "outputs": ["IMAGE"],
     },
 }
+NATIVE.update({  # native sampling, in the native-sampler workflows
+    "BasicGuider": {"inputs": {"model": ("MODEL", True), "conditioning": ("CONDITIONING", True)},
+                    "widgets": [], "outputs": ["GUIDER"]},
+    "CFGGuider": {"inputs": {"model": ("MODEL", True), "positive": ("CONDITIONING", True),
+                             "negative": ("CONDITIONING", True)}, "widgets": ["cfg"], "outputs": ["GUIDER"]},
+    "RandomNoise": {"inputs": {}, "widgets": ["noise_seed"], "outputs": ["NOISE"],
+                    "control_after_generate": ["noise_seed"]},
+    "KSamplerSelect": {"inputs": {}, "widgets": ["sampler_name"], "outputs": ["SAMPLER"]},
+    "Flux2Scheduler": {"inputs": {}, "widgets": ["steps", "width", "height"], "outputs": ["SIGMAS"]},
+    "EmptyFlux2LatentImage": {"inputs": {}, "widgets": ["width", "height", "batch_size"],
+                              "outputs": ["LATENT"]},
+    "SamplerCustomAdvanced": {"inputs": {k: (t, True) for k, t in (("noise", "NOISE"), ("guider", "GUIDER"),
+                              ("sampler", "SAMPLER"), ("sigmas", "SIGMAS"), ("latent_image", "LATENT"))},
+                              "widgets": [], "outputs": ["LATENT", "LATENT"]},
+    "EasyCache": {"inputs": {"model": ("MODEL", True)},
+                  "widgets": ["reuse_threshold", "start_percent", "end_percent", "verbose"],
+                  "outputs": ["MODEL"]},
+})  # fmt: skip
 FRONTEND_ONLY = {"MarkdownNote": {"widgets": ["text"]}, "Note": {"widgets": ["text"]}}
 SCHEMAS = {**CONTRACT, **NATIVE}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
@@ -82,7 +100,8 @@ KLEIN_NAMES = [
 ]
 DEV_NAMES = ["flux2_dev_text_to_image", "flux2_dev_multi_reference_edit"]
 FILL_NAMES = ["flux1_fill_inpaint", "flux1_fill_outpaint"]
-NAMES = KLEIN_NAMES + DEV_NAMES + FILL_NAMES
+NATIVE_SAMPLING_NAMES = ["flux2_klein_4b_native_sampler", "flux2_klein_4b_native_easycache"]
+NAMES = KLEIN_NAMES + DEV_NAMES + FILL_NAMES + NATIVE_SAMPLING_NAMES
 SAMPLERS = ("Flux2KleinSampler", "Flux1FillSampler")
 
 
@@ -800,3 +819,51 @@ def test_the_generator_reads_the_contract_from_the_node_classes():
         controls = [w.name for w in spec.widgets if w.control_after_generate]
         assert controls == list(node.control_after_generate), node_id
         assert [kind for _, kind in spec.outputs] == list(node.outputs), node_id
+
+
+NATIVE_EXPECTED = {
+    # name: (dit, variant, guider, cfg, steps, EasyCache on the model)
+    "flux2_klein_4b_native_sampler": ("flux-2-klein-4b.safetensors", "distilled", "BasicGuider", None, 4, 0),
+    "flux2_klein_4b_native_easycache": ("flux-2-klein-base-4b.safetensors", "base", "CFGGuider", 4.0, 50, 1),
+}
+
+
+@pytest.mark.parametrize("name", NATIVE_SAMPLING_NAMES)
+def test_native_sampling_workflows_run_our_model_through_the_bridges(name):
+    """Our loaders -> the two bridges -> a guider, KSamplerSelect euler, Flux2Scheduler, RandomNoise and an
+    empty FLUX.2 latent -> SamplerCustomAdvanced -> our Decode; EasyCache between the model bridge and the
+    guider in the EasyCache workflow."""
+    dit, variant, guider_type, cfg, steps, cached = NATIVE_EXPECTED[name]
+    wf = api(name)
+    (sampler,) = [n for n in wf.values() if n["class_type"] == "SamplerCustomAdvanced"]
+    guider = _source(wf, sampler, "guider")
+    assert guider["class_type"] == guider_type and guider["inputs"].get("cfg") == cfg
+    model = _source(wf, guider, "model")
+    if cached:
+        assert model["class_type"] == "EasyCache"
+        model = _source(wf, model, "model")
+    assert model["class_type"] == "Flux2KleinToNativeModel"
+    loader = _source(wf, model, "model")
+    assert loader["class_type"] == "Flux2KleinModelLoader"
+    assert (loader["inputs"]["model_name"], loader["inputs"]["variant"]) == (dit, variant)
+    prompts = ["conditioning"] if guider_type == "BasicGuider" else ["positive", "negative"]
+    for which in prompts:
+        bridge = _source(wf, guider, which)
+        assert bridge["class_type"] == "Flux2KleinToNativeConditioning"
+        assert _source(wf, bridge, "conditioning")["class_type"] == "Flux2KleinTextEncode"
+    assert _source(wf, sampler, "sampler")["inputs"] == {"sampler_name": "euler"}
+    sigmas = _source(wf, sampler, "sigmas")
+    latent = _source(wf, sampler, "latent_image")
+    assert sigmas["class_type"] == "Flux2Scheduler" and sigmas["inputs"]["steps"] == steps
+    assert latent["class_type"] == "EmptyFlux2LatentImage"
+    assert (sigmas["inputs"]["width"], sigmas["inputs"]["height"]) == (
+        latent["inputs"]["width"], latent["inputs"]["height"]
+    ) == (1024, 1024)  # fmt: skip
+    assert _source(wf, sampler, "noise")["inputs"] == {"noise_seed": 42}
+    (decode,) = [n for n in wf.values() if n["class_type"] == "Flux2KleinDecode"]
+    assert _source(wf, decode, "latent") is sampler
+    # the client finds the prompts and the seed through the native nodes
+    patched = client.prepare_workflow(wf, prompt="a test prompt", seed=7, negative="" if cfg else None)
+    (noise,) = [n for n in patched.values() if n["class_type"] == "RandomNoise"]
+    assert noise["inputs"]["noise_seed"] == 7
+    assert "a test prompt" in [n["inputs"].get("text") for n in patched.values()]

@@ -44,6 +44,7 @@ class Recipe:
     denoise: float = 1.0
     lora: str | None = None  # a LoRA file in models/loras, applied by a LoRA Loader
     family: str = "klein"  # "klein" or "dev": which files and pairing the note describes
+    native: str = ""  # "sampler" / "easycache": sampled by native nodes through the bridges, not our sampler
 
 
 def build(r: Recipe) -> Graph:
@@ -111,6 +112,10 @@ def build(r: Recipe) -> Graph:
             "References (the first one sets the output size)" if r.references > 1 else "Reference", *ref_nodes
         )
 
+    if r.native:
+        sampler = _native_sampling(g, r, model, positive, negative)
+        finish(g, "Flux2KleinDecode", vae, sampler, None, "flux2_klein", note(r))
+        return g
     sampler = g.add(
         "Flux2KleinSampler",
         (X_SAMPLE, 0),
@@ -172,3 +177,43 @@ def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Nod
     g.connect(prepare, sampler, "references", src_slot=1)
     g.group("Image to " + r.mode, *nodes, prepare)
     return prepare
+
+
+def _native_sampling(g: Graph, r: Recipe, model: Node, positive: Node, negative: Node | None) -> Node:
+    """Our model and prompts through the bridges into native sampling: a guider (CFG with a negative prompt,
+    else basic), KSamplerSelect, Flux2Scheduler, RandomNoise, an empty FLUX.2 latent, SamplerCustomAdvanced;
+    EasyCache on the model for ``native == "easycache"``. Returns the sampler (its output: the latent)."""
+    to_model = g.add("Flux2KleinToNativeModel", (X_ENCODE, 520), (300, 60))
+    g.connect(model, to_model, "model")
+    bridges, native_model = [to_model], to_model
+    if r.native == "easycache":
+        values = {"reuse_threshold": 0.2, "start_percent": 0.15, "end_percent": 0.95, "verbose": False}
+        native_model = g.add("EasyCache", (X_ENCODE, 800), (300, 160), values)
+        g.connect(to_model, native_model, "model")
+        bridges.append(native_model)
+    conds = []
+    for i, text in enumerate([positive] + ([negative] if negative is not None else [])):
+        cond = g.add("Flux2KleinToNativeConditioning", (X_ENCODE, 620 + 90 * i), (300, 60))
+        g.connect(text, cond, "conditioning")
+        conds.append(cond)
+    g.group("Into native nodes", *bridges, *conds)
+    if negative is None:
+        guider = g.add("BasicGuider", (X_SAMPLE, 0), (300, 80))
+        g.connect(native_model, guider, "model")
+        g.connect(conds[0], guider, "conditioning")
+    else:
+        guider = g.add("CFGGuider", (X_SAMPLE, 0), (300, 120), {"cfg": r.guidance})
+        g.connect(native_model, guider, "model")
+        g.connect(conds[0], guider, "positive")
+        g.connect(conds[1], guider, "negative")
+    noise = g.add("RandomNoise", (X_SAMPLE, 150), (300, 90), {"noise_seed": SEED})
+    select = g.add("KSamplerSelect", (X_SAMPLE, 270), (300, 60), {"sampler_name": "euler"})
+    sigmas = g.add("Flux2Scheduler", (X_SAMPLE, 360), (300, 110),
+                   {"steps": r.steps, "width": r.width, "height": r.height})  # fmt: skip
+    latent = g.add("EmptyFlux2LatentImage", (X_SAMPLE, 500), (300, 110),
+                   {"width": r.width, "height": r.height, "batch_size": 1})  # fmt: skip
+    sampler = g.add("SamplerCustomAdvanced", (X_SAMPLE, 640), (300, 110))
+    for source, name in ((noise, "noise"), (guider, "guider"), (select, "sampler"), (sigmas, "sigmas"),
+                         (latent, "latent_image")):  # fmt: skip
+        g.connect(source, sampler, name)
+    return sampler

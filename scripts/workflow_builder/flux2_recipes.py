@@ -264,4 +264,52 @@ RECIPES += (
         settings=f"{DEV_SETTINGS}\n\n{EDIT_SIZE} Every extra reference makes each step slower.",
         family="dev",
     ),
+    Recipe(
+        name="flux2_klein_4b_native_sampler",
+        title="FLUX.2 [klein] 4B in native sampling nodes",
+        summary=(
+            "Text to image with the distilled klein 4B model loaded by this pack and sampled by ComfyUI's "
+            "own nodes: **FLUX.2 to native MODEL** and **FLUX.2 to native CONDITIONING** hand the model "
+            "and the prompt to Basic Guider, KSamplerSelect, Flux2Scheduler, RandomNoise and "
+            "SamplerCustomAdvanced. "
+            "Swap the sampler, the scheduler or the guider, or add model patches, as with any native model."
+        ),
+        dit="flux-2-klein-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="distilled",
+        steps=4,
+        guidance=1.0,
+        prompt=FOX,
+        settings=(
+            DISTILLED_SETTINGS + " With euler and Flux2Scheduler this graph gives the FLUX.2 Sampler's image "
+            "(same seed and size). Every loading option of the model loader (quantised files, GGUF, "
+            "`offload: stream`, `devices`) and LoRAs from the FLUX.2 [klein] LoRA Loader carry over; native "
+            "LoRA loaders (LoraLoaderModelOnly) are refused: chain our LoRA loader before the bridge."
+        ),
+        native="sampler",
+    ),
+    Recipe(
+        name="flux2_klein_4b_native_easycache",
+        title="FLUX.2 [klein] 4B base in native sampling nodes, with EasyCache",
+        summary=(
+            "Text to image with the klein 4B **base** model loaded by this pack, sampled by native nodes "
+            "(CFG Guider with an empty negative prompt) with ComfyUI's **EasyCache** on the model: steps "
+            "whose input barely changes reuse the last output change instead of running the model."
+        ),
+        dit="flux-2-klein-base-4b.safetensors",
+        text_encoder="qwen_3_4b.safetensors",
+        variant="base",
+        steps=50,
+        guidance=4.0,
+        prompt=FOX,
+        negative="",
+        settings=(
+            "Base model: **about 50 steps, CFG 4.0** with an empty negative prompt. EasyCache pays off on "
+            "many-step models like this one (the distilled models' 4 steps leave nothing to skip); ComfyUI's "
+            "log says how many steps it skipped. A higher `reuse_threshold` skips more and changes the image "
+            "more; 0.2 is native's default. The FLUX.2 Sampler's own `step_cache` (a First-Block Cache) is "
+            "the alternative inside this pack's sampler."
+        ),
+        native="easycache",
+    ),
 )

@@ -109,7 +109,51 @@ NATIVE_SPECS: dict[str, NodeSpec] = {
         outputs=(("images", "IMAGE"),),
     ),
     "MarkdownNote": NodeSpec("Markdown Note", widgets=(Widget("text", "STRING"),), frontend_only=True),
-}
+    # native sampling (the native-sampler workflows)
+    "BasicGuider": NodeSpec(
+        "Basic Guider",
+        inputs=(Socket("model", "MODEL"), Socket("conditioning", "CONDITIONING")),
+        outputs=(("GUIDER", "GUIDER"),),
+    ),
+    "CFGGuider": NodeSpec(
+        "CFG Guider",
+        inputs=(Socket("model", "MODEL"), Socket("positive", "CONDITIONING"),
+                Socket("negative", "CONDITIONING")),
+        widgets=(Widget("cfg", "FLOAT"),),
+        outputs=(("GUIDER", "GUIDER"),),
+    ),
+    "RandomNoise": NodeSpec(
+        "RandomNoise",
+        widgets=(Widget("noise_seed", "INT", control_after_generate=True),),
+        outputs=(("NOISE", "NOISE"),),
+    ),
+    "KSamplerSelect": NodeSpec(
+        "KSamplerSelect", widgets=(Widget("sampler_name", "COMBO"),), outputs=(("SAMPLER", "SAMPLER"),)
+    ),
+    "Flux2Scheduler": NodeSpec(
+        "Flux2Scheduler",
+        widgets=(Widget("steps", "INT"), Widget("width", "INT"), Widget("height", "INT")),
+        outputs=(("SIGMAS", "SIGMAS"),),
+    ),
+    "EmptyFlux2LatentImage": NodeSpec(
+        "Empty Flux 2 Latent",
+        widgets=(Widget("width", "INT"), Widget("height", "INT"), Widget("batch_size", "INT")),
+        outputs=(("LATENT", "LATENT"),),
+    ),
+    "SamplerCustomAdvanced": NodeSpec(
+        "SamplerCustomAdvanced",
+        inputs=(Socket("noise", "NOISE"), Socket("guider", "GUIDER"), Socket("sampler", "SAMPLER"),
+                Socket("sigmas", "SIGMAS"), Socket("latent_image", "LATENT")),
+        outputs=(("output", "LATENT"), ("denoised_output", "LATENT")),
+    ),
+    "EasyCache": NodeSpec(
+        "EasyCache",
+        inputs=(Socket("model", "MODEL"),),
+        widgets=(Widget("reuse_threshold", "FLOAT"), Widget("start_percent", "FLOAT"),
+                 Widget("end_percent", "FLOAT"), Widget("verbose", "BOOLEAN")),
+        outputs=(("MODEL", "MODEL"),),
+    ),
+}  # fmt: skip
 
 PACK_SPECS, FILES = load_pack()
 NODE_SPECS: dict[str, NodeSpec] = {**PACK_SPECS, **NATIVE_SPECS}

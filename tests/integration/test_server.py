@@ -33,6 +33,8 @@ CONTRACT = {
 # size expected. The distilled text-to-image workflow runs at its own 1024x1024 (about 10 s on two CPU
 # cores, mostly the decode). The base one is patched to 192x128 and 6 steps instead of 50 CFG steps at
 # 1024x1024 (about a minute on the CPU); its CFG path still runs.
+NATIVE_SIZE = [f"{node}.{side}={value}" for node in ("EmptyFlux2LatentImage", "Flux2Scheduler")
+               for side, value in (("width", 128), ("height", 96))]  # fmt: skip
 WORKFLOW_RUNS = {
     "flux2_klein_4b_text_to_image": dict(refs=[], sets=[], size=(1024, 1024)),
     "flux2_klein_4b_base_text_to_image": dict(
@@ -55,6 +57,11 @@ WORKFLOW_RUNS = {
     # FLUX.1 Fill [dev]: 8 of its 50 steps; the output is the original's size (outpaint: the padded canvas)
     "flux1_fill_inpaint": dict(refs=[("masked", 96, 64)], sets=["steps=8"], size=(96, 64)),
     "flux1_fill_outpaint": dict(refs=[(96, 64)], sets=["steps=8"], size=(96 + 256, 64)),
+    # native sampling of our model: size set on the empty latent and the scheduler (NODE.INPUT sets)
+    "flux2_klein_4b_native_sampler": dict(refs=[], sets=NATIVE_SIZE, size=(128, 96)),
+    "flux2_klein_4b_native_easycache": dict(
+        refs=[], sets=[*NATIVE_SIZE, "Flux2Scheduler.steps=12"], size=(128, 96)
+    ),
 }
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
@@ -136,14 +143,14 @@ def test_every_api_workflow_is_covered():
 def test_bundled_api_workflow_runs(comfy, name):
     kc, run = comfy.kc, WORKFLOW_RUNS[name]
     workflow = comfy.api_workflow(name)
-    sampler = kc.nodes_of_type(workflow, kc.SAMPLER)[0]
+    samplers = kc.nodes_of_type(workflow, kc.SAMPLER)  # none in the native-sampling workflows
     names = [comfy.upload(size) for size in run["refs"]]
     patched = kc.prepare_workflow(
         workflow,
         images=names if names else None,
         prompt=f"integration test of {name}",
         seed=1234,
-        sets=[f"{sampler}.{s}" for s in run["sets"]],
+        sets=[s if "." in s.partition("=")[0] else f"{samplers[0]}.{s}" for s in run["sets"]],
     )
     events = []
     entry = comfy.run(patched, timeout=300, on_event=lambda kind, data: events.append(kind))
