@@ -20,6 +20,7 @@ from io import BytesIO
 
 import numpy as np
 import pytest
+import torch
 
 SEED, STEPS = 11, 4
 PROMPT = "a paper boat on a puddle, city lights, rain"
@@ -131,6 +132,43 @@ def test_native_samplers_on_our_model_give_our_samplers_image(comfy):
     assert np.abs(got["other_seed"] - got["ours"]).mean() > 10  # the comparison can fail
 
 
+def test_native_sampling_on_our_model_gives_the_diffusers_pipelines_image(comfy):
+    """The same weights in diffusers' Flux2KleinPipeline (rebuilt here as the rig built the files), fed the
+    prompt embedding of our text encoder (bit-identical to diffusers' Qwen3 path, test_text_encoder.py)."""
+    import sys
+
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+    from tiny_dit import make_diffusers_dit
+    from tiny_vae import make_diffusers_vae, random_vae_state_dict
+
+    from flux2_core import load_text_encoder
+    from flux2_core.vae.autoencoder import VAEConfig
+
+    rig = sys.modules[type(comfy).__module__]  # the integration conftest: how the files were made
+    spec = dict(rig.DIT_FILES[DIT])
+    dit = rig.sharpen_attention(make_diffusers_dit(spec.pop("seed"), **rig.DIT_SHAPE, **spec))
+    vae_config = VAEConfig(ch=128, ch_mult=(1, 2, 4, 4), num_res_blocks=2, decoder_ch=32)
+    vae_sd = random_vae_state_dict(vae_config, seed=301)
+    vae_sd = {k: v if k.startswith("bn.") else v.to(torch.bfloat16).float() for k, v in vae_sd.items()}
+    embeds = load_text_encoder(comfy.models["qwen_3_4b.safetensors"]).encode([PROMPT])
+    pipe = Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential"),
+        vae=make_diffusers_vae(vae_sd, vae_config), text_encoder=None, tokenizer=None, transformer=dit,
+        is_distilled=True,
+    )  # fmt: skip
+    pipe.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        theirs = pipe(prompt_embeds=embeds, height=SIZE[1], width=SIZE[0], num_inference_steps=STEPS,
+                      guidance_scale=1.0, generator=torch.Generator("cpu").manual_seed(SEED),
+                      output_type="np").images[0]  # fmt: skip
+    theirs = np.clip(theirs * 255.0, 0, 255).astype(np.int16)  # as SaveImage writes a float image
+    g, ids = base_graph()
+    native(g, ids, "ours_in_native", ids["native_model"], ids["native_positive"])
+    got = images(comfy, g)["ours_in_native"]
+    assert got.std() > 20
+    assert diff(got, theirs) <= 3
+
+
 def test_base_model_with_cfg_guider_and_an_empty_negative(comfy):
     g, ids = base_graph("flux-2-klein-base-4b.safetensors", "base")
     ours(g, ids, "ours", guidance=3.0, negative=[ids["negative"], 0])
@@ -200,6 +238,35 @@ def test_easycache_skips_steps_on_our_model_as_on_native(comfy):
     assert len(skipped) == 2 and skipped[0] == skipped[1] > 0, log[-2000:]
     assert diff(got["ours"], got["native"]) <= TOLERANCE
     assert np.abs(got["ours"] - got["uncached"]).mean() > 0.1  # the skipped steps changed the image
+
+
+def test_kv_model_through_reference_latent_and_dev_through_flux_guidance(comfy):
+    """9B-KV: ReferenceLatent references served from our cached K/V; dev: FluxGuidance's value embedded."""
+    g, ids = base_graph("flux-2-klein-9b-kv.safetensors", "kv")
+    g.nodes[ids["te"]]["inputs"]["text_encoder_name"] = "qwen_3_8b.safetensors"
+    load = g.add("LoadImage", image=comfy.upload((96, 64)))
+    refs = g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0], image=[load, 0], max_megapixels=1.0)
+    ours(g, ids, "kv_ours", references=[refs, 0])
+    latent = g.add("Flux2KleinEncode", vae=[ids["vae"], 0], image=[load, 0])
+    positive = g.add("ReferenceLatent", conditioning=[ids["native_positive"], 0], latent=[latent, 0])
+    native(g, ids, "kv_in_native", ids["native_model"], positive)
+    native(g, ids, "kv_no_references", ids["native_model"], ids["native_positive"])
+    # FLUX.2 [dev] in the same prompt
+    dev = g.add("Flux2KleinModelLoader", model_name="flux2-dev.safetensors", variant="dev")
+    dev_te = g.add("Flux2KleinTextEncoderLoader", text_encoder_name="mistral_3_small_flux2_bf16.safetensors")
+    dev_text = g.add("Flux2KleinTextEncode", text_encoder=[dev_te, 0], text=PROMPT)
+    dev_ids = {**ids, "positive": dev_text}
+    ours(g, dev_ids, "dev_ours", model=dev, guidance=4.0)
+    dev_native = g.add("Flux2KleinToNativeModel", model=[dev, 0])
+    dev_cond = g.add("Flux2KleinToNativeConditioning", conditioning=[dev_text, 0])
+    for name, value in (("dev_in_native", 4.0), ("dev_other_guidance", 1.5)):
+        guided = g.add("FluxGuidance", conditioning=[dev_cond, 0], guidance=value)
+        native(g, ids, name, dev_native, guided)
+    got = images(comfy, g)
+    assert diff(got["kv_in_native"], got["kv_ours"]) <= TOLERANCE
+    assert np.abs(got["kv_no_references"] - got["kv_ours"]).mean() > 3
+    assert diff(got["dev_in_native"], got["dev_ours"]) <= TOLERANCE
+    assert np.abs(got["dev_other_guidance"] - got["dev_ours"]).mean() > 1  # the guidance value reaches it
 
 
 @pytest.mark.parametrize(
