@@ -318,3 +318,43 @@ def test_native_weight_patches_and_block_patches_are_refused_clearly(comfy):
     data = failure.value.data
     assert data["node_type"] == "LoraLoaderModelOnly" and data["exception_type"].endswith("Flux2Error"), data
     assert "FLUX.2 [klein] LoRA Loader" in data["exception_message"]
+
+
+def test_native_sampling_reports_progress_and_stops_on_interrupt(comfy):
+    import json
+    import time
+    import uuid
+
+    kc = comfy.kc
+    assert kc.websocket is not None, "websocket-client is needed for this test"
+    wf = kc.prepare_workflow(
+        comfy.api_workflow("flux2_klein_4b_native_sampler"), prompt="never finished", seed=5,
+        sets=["Flux2Scheduler.steps=300", "Flux2Scheduler.width=512", "Flux2Scheduler.height=512",
+              "EmptyFlux2LatentImage.width=512", "EmptyFlux2LatentImage.height=512"],
+    )  # fmt: skip
+    (sampler,) = kc.nodes_of_type(wf, "SamplerCustomAdvanced")
+    client_id = uuid.uuid4().hex
+    ws = kc.connect_ws(comfy.url, client_id)
+    try:
+        prompt_id = kc.queue(comfy.url, wf, client_id)
+        progress, deadline = None, time.monotonic() + 120
+        while progress is None and time.monotonic() < deadline:
+            try:
+                message = ws.recv()
+            except kc.websocket.WebSocketTimeoutException:
+                continue
+            event = json.loads(message) if isinstance(message, str) else {}
+            data = event.get("data") or {}
+            ours = data.get("prompt_id") == prompt_id and data.get("node") == sampler
+            if ours and event["type"] == "progress":
+                progress = data
+        assert progress is not None and progress["max"] == 300, "no progress from the native sampler"
+        interrupted_at = time.monotonic()
+        assert comfy.post_json("/interrupt", {"prompt_id": prompt_id})[0] == 200
+        with pytest.raises(kc.Interrupted):
+            kc.wait(comfy.url, prompt_id, ws, timeout=120)
+        assert time.monotonic() - interrupted_at < 60
+    finally:
+        ws.close()
+    kinds = [kind for kind, _ in comfy.finished_history(prompt_id)["status"]["messages"]]
+    assert "execution_interrupted" in kinds and "execution_error" not in kinds, kinds
