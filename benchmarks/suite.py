@@ -227,6 +227,14 @@ def skipped_step(net, inp, rounds: int, timer) -> dict:
     return alternate({"ours": call}, rounds, timer)
 
 
+def with_flops(case, flops: float, impls: dict, peak: float) -> dict:
+    """A case's results, each implementation's achieved GFLOP/s and share of the matmul peak added."""
+    for res in impls.values():
+        res["gflops"] = flops / res["median_s"] / 1e9
+        res["pct_of_matmul_peak"] = 100 * res["gflops"] / peak if peak else None
+    return {"case": vars(case), "flops": flops, "impls": impls}
+
+
 def bench_dit(args, config, impls: dict, device, dtype, timer, peak: float) -> dict:
     results = {}
     dev = config.guidance_embed  # FLUX.2 [dev]: embedded guidance, no KV model
@@ -236,11 +244,7 @@ def bench_dit(args, config, impls: dict, device, dtype, timer, peak: float) -> d
             calls = {n: i.step(case, inp) for n, i in impls.items() if i.has_kv or not case.kv}
         print(f"  {case.name}: {case.query_tokens} query tokens, {case.attended_tokens} attended", flush=True)
         r = alternate(calls, args.rounds, timer)
-        flops = sm.dit_flops(config, case)
-        for res in r.values():
-            res["gflops"] = flops / res["median_s"] / 1e9
-            res["pct_of_matmul_peak"] = 100 * res["gflops"] / peak if peak else None
-        results[case.name] = {"case": vars(case), "flops": flops, "impls": r}
+        results[case.name] = with_flops(case, sm.dit_flops(config, case), r, peak)
         if case.kv:  # the first step of the KV model: references' K/V computed, then the step
             with torch.inference_mode():
                 calls = {n: i.extract(case, inp) for n, i in impls.items() if i.has_kv}
@@ -269,11 +273,7 @@ def bench_fill(args, config: Flux1Config, impls: dict, device, dtype, timer, pea
             calls = {n: i.step(case, inp) for n, i in impls.items()}
         print(f"  {case.name}: {case.query_tokens} tokens", flush=True)
         r = alternate(calls, args.rounds, timer)
-        flops = sf.fill_flops(config, case)
-        for res in r.values():
-            res["gflops"] = flops / res["median_s"] / 1e9
-            res["pct_of_matmul_peak"] = 100 * res["gflops"] / peak if peak else None
-        results[case.name] = {"case": vars(case), "flops": flops, "impls": r}
+        results[case.name] = with_flops(case, sf.fill_flops(config, case), r, peak)
         skipping = FirstBlockCache(MAX_STEP_CACHE)
         call = impls["ours"].step(case, inp, step_cache=skipping)
         with torch.inference_mode():
