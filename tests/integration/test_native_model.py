@@ -240,6 +240,21 @@ def test_easycache_skips_steps_on_our_model_as_on_native(comfy):
     assert np.abs(got["ours"] - got["uncached"]).mean() > 0.1  # the skipped steps changed the image
 
 
+def test_lazycache_on_our_model_gives_natives_result(comfy):
+    g, ids = base_graph()
+    unet = g.add("UNETLoader", unet_name=DIT, weight_dtype="default")
+    cache = dict(reuse_threshold=0.8, start_percent=0.1, end_percent=0.95, verbose=False)
+    before = comfy.log()
+    for name, model in (("ours", ids["native_model"]), ("native", unet)):
+        native(g, ids, name, g.add("LazyCache", model=[model, 0], **cache), ids["native_positive"], steps=12)
+    native(g, ids, "uncached", ids["native_model"], ids["native_positive"], steps=12)
+    got = images(comfy, g)
+    skipped = [int(n) for n in re.findall(r"LazyCache - skipped (\d+)/\d+ steps", comfy.log()[len(before) :])]
+    assert len(skipped) == 2 and skipped[0] == skipped[1] > 0, skipped
+    assert diff(got["ours"], got["native"]) <= TOLERANCE
+    assert np.abs(got["ours"] - got["uncached"]).mean() > 0.1
+
+
 def test_kv_model_through_reference_latent_and_dev_through_flux_guidance(comfy):
     """9B-KV: ReferenceLatent references served from our cached K/V; dev: FluxGuidance's value embedded."""
     g, ids = base_graph("flux-2-klein-9b-kv.safetensors", "kv")
