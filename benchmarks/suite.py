@@ -66,7 +66,7 @@ PROMPT = "a red fox in the snow, watercolour, soft morning light, wide shot"
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)  # this device's work, whichever device is current
 
 
 def proc_status(field: str) -> int:
@@ -94,8 +94,8 @@ class Timer:
     def __call__(self, fn):
         sync(self.device)
         if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
         reset_peak_rss()
         rss = proc_status("VmRSS")
         start = time.perf_counter()
@@ -104,7 +104,7 @@ class Timer:
         seconds = time.perf_counter() - start
         mem = {"peak_rss_above": proc_status("VmHWM") - rss}
         if self.device.type == "cuda":
-            mem["peak_vram_above"] = torch.cuda.max_memory_allocated() - base
+            mem["peak_vram_above"] = torch.cuda.max_memory_allocated(self.device) - base
         return seconds, mem, out
 
 
@@ -421,7 +421,7 @@ def load_probe(args) -> None:
     }
     out["load_peak_rss_above"] = out["load_peak_rss"] - base_rss
     if device.type == "cuda":
-        out["vram_after"] = torch.cuda.memory_allocated()
+        out["vram_after"] = torch.cuda.memory_allocated(device)
     del model
     print("RESULT " + json.dumps(out))
 

@@ -70,7 +70,7 @@ def build_diffusers_fill(config: Flux1Config, device, dtype, seed: int = 0):
             guidance_embeds=config.guidance_embed,
             axes_dims_rope=tuple(config.axes_dim),
         )
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)  # cast on meta: never materialised in float32
     random_fill_(model, seed)
     return model.eval().requires_grad_(False)
 

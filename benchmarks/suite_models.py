@@ -170,7 +170,7 @@ def build_diffusers_dit(config: Flux2Config, device, dtype, seed: int = 0):
 
     with torch.device("meta"):
         model = Flux2Transformer2DModel(**diffusers_kwargs(config))
-    model = model.to_empty(device=device).to(dtype)  # filled in place: no float32 copy of a 9B model
+    model = model.to(dtype).to_empty(device=device)  # cast on meta, filled in place: never in float32
     for name, _ in model.named_buffers():  # none today; anything here would hold garbage
         raise RuntimeError(f"diffusers' Flux2 DiT has a buffer {name} that to_empty leaves uninitialised")
     random_fill_(model, seed)
@@ -207,7 +207,7 @@ def build_text_model(width: int, device, dtype):
     config = Qwen3Config(**{**TINY_QWEN3, **text_config(width)}, attn_implementation="sdpa", use_cache=False)
     with torch.device("meta"):
         model = Qwen3ForCausalLM(config)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)  # cast on meta: never materialised in float32
     with torch.no_grad():
         for i, (name, p) in enumerate(model.named_parameters()):
             g = torch.Generator(p.device).manual_seed(1000 + i)
