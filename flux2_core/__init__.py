@@ -48,7 +48,7 @@ from .dit.kv_cache import RefKVCache
 from .dit.step_cache import MAX_STEP_CACHE, STEP_CACHE_HELP, StepCache
 from .dit.transformer import Flux2Model, Flux2Transformer, compile_blocks
 from .editing import Stitch, composite, latent_mask, outpaint_canvas, prepare_inpaint
-from .errors import Flux2Error
+from .errors import Flux2Error, OutOfMemory
 from .flow import make_noise
 from .flux1 import (
     FillConditioning,
@@ -130,6 +130,7 @@ __all__ = [
     "Flux1FillModel",
     "Flux2Config",
     "Flux2Error",
+    "OutOfMemory",
     "Flux2Model",
     "Flux2Transformer",
     "ParallelInfo",

@@ -26,7 +26,7 @@ from .dit.transformer import Flux2Model
 from .editing import inpaint_blend
 from .errors import Flux2Error
 from .flow import StepCallback, euler, make_noise, pack, shifted_sigmas, start_from, truncate, unpack
-from .hooks import before_each, calling
+from .hooks import before_each, calling, copies_released
 from .limits import check_request
 from .lora import DIT, patched
 from .references import ReferenceLatents
@@ -125,16 +125,17 @@ def sampling_memory(
 def encode_reference_kv(model: Flux2Model, references: ReferenceLatents) -> RefKVCache:
     """The KV model's reference K/V for ``references``, shared by every batch item, prompt, seed and step."""
     net = model.transformer
-    with patched(net, DIT, model.loras):
+    with copies_released(net), patched(net, DIT, model.loras):
         return net.encode_reference_kv(references.tokens.to(net.device, net.dtype), references.ids)
 
 
 @contextlib.contextmanager
 def model_run(model: Flux2Model, interrupt: Callable[[], None] | None = None) -> Iterator[None]:
     """One sampling run's setting of the model, for the body of the ``with``: its LoRAs applied, and
-    ``interrupt`` called before every block (it may raise to stop the run)."""
+    ``interrupt`` called before every block (it may raise to stop the run); a streamed model's device copies
+    released however the run ends."""
     net = model.transformer
-    with before_each(net.blocks(), calling(interrupt)), patched(net, DIT, model.loras):
+    with copies_released(net), before_each(net.blocks(), calling(interrupt)), patched(net, DIT, model.loras):
         yield
 
 

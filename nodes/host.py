@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from ..flux2_core import Flux2Error
+from ..flux2_core import Flux2Error, OutOfMemory
 
 
 class Flux2KleinModule(torch.nn.Module):
@@ -145,7 +145,7 @@ def out_of_memory(what: str, advice: str):
     """Turn a device out-of-memory error into a node error that says what to change."""
     try:
         yield
-    except torch.OutOfMemoryError:
+    except OutOfMemory:
         import comfy.model_management as mm
 
         mm.soft_empty_cache()

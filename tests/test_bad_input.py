@@ -436,3 +436,19 @@ def test_an_entry_too_big_for_the_kv_store_leaves_the_others():
         store._put(("m", "f32", "cpu", str(i)), Cache(8_000), torch.device("cpu"))
     store._put(("m", "f32", "cpu", "big"), Cache(40_000), torch.device("cpu"))
     assert len(store) == 2 and store.nbytes == 16_000
+
+
+def test_the_out_of_memory_type_is_the_installed_torchs():
+    """torch 2.4 (allowed by the package) has only torch.cuda.OutOfMemoryError; 2.5+ adds torch's alias."""
+    from types import SimpleNamespace
+
+    from flux2_core.errors import OutOfMemory, out_of_memory_type
+
+    class CudaOOM(RuntimeError):
+        pass
+
+    old = SimpleNamespace(cuda=SimpleNamespace(OutOfMemoryError=CudaOOM))
+    assert out_of_memory_type(old) is CudaOOM
+    new = SimpleNamespace(OutOfMemoryError=MemoryError, cuda=old.cuda)
+    assert out_of_memory_type(new) is MemoryError
+    assert OutOfMemory is torch.cuda.OutOfMemoryError  # one class in this torch (2.5+: an alias)

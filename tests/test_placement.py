@@ -111,3 +111,25 @@ def test_split_across_two_gpus_matches_one(tmp_path):
         split = net(**args)
     assert placement.bytes_per_device[1] > 0
     torch.testing.assert_close(split, whole, rtol=0, atol=1e-5)
+
+
+def test_moves_between_split_devices_wait_unless_both_ends_are_gpus():
+    """A block on the CPU must not read an input whose GPU -> CPU copy is still in flight: only GPU -> GPU
+    copies are issued without waiting (ordered on the streams)."""
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert placement_module.asynchronous(cuda, torch.device("cuda", 1))
+    for source, target in ((cuda, cpu), (cpu, cuda), (cpu, cpu)):
+        assert not placement_module.asynchronous(source, target), (source, target)
+
+    seen = []
+
+    class Recording(torch.Tensor):  # records how .to() is called on it
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.to:
+                seen.append((kwargs or {}).get("non_blocking", False))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    x = torch.ones(3).as_subclass(Recording)
+    moved = placement_module._moved({"x": (x, [x])}, torch.device("meta"))
+    assert moved["x"][0].device.type == "meta" and seen == [False, False]

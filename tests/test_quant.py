@@ -433,3 +433,29 @@ def test_pairing_reads_text_widths_from_quantised_and_gguf_encoders(tmp_path):
     for name in ("te.gguf", "te_fp8.safetensors"):
         shape = weight_bytes(QWEN3_SPEC, tmp_path / name, torch.float32)[0]
         assert (shape.hidden_size, shape.output_dim, shape.num_layers) == (32, 96, 28), name
+
+
+def test_nvfp4_table_is_built_once_per_device_and_dtype():
+    from flux2_core.weights import quant
+
+    quant._PAIRS.clear()
+    first = quant._e2m1_pairs(torch.float32, "cpu")
+    assert quant._e2m1_pairs(torch.float32, torch.device("cpu")) is first  # no new table (no host copy)
+    assert quant._e2m1_pairs(torch.bfloat16, "cpu") is not first
+    assert first.shape == (256, 2) and first[0x1F].tolist() == [0.5, -6.0]  # high nibble 1, low nibble 15
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_int8_matmul_of_an_all_zero_row_is_zero_in_every_dtype(dit, tmp_path, dtype):
+    """The activation scale of an all-zero row is floored; the floor must stay a number in float16 (1e-30
+    rounds to 0 there, and 0 / 0 made the row NaN)."""
+    sd = bfl_state_dict(dit)
+    write_quantised(sd, tmp_path / "int8.safetensors", "int8_tensorwise")
+    net = load_transformer(tmp_path / "int8.safetensors").transformer
+    layer = dict(linears(net))["single_blocks.0.linear2"]
+    x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(1))
+    x[1] = 0.0
+    with torch.no_grad():
+        y = layer.source.linear(layer, x.to(dtype))
+    assert y is not None and torch.isfinite(y).all()
+    assert torch.equal(y[1], torch.zeros_like(y[1])) and y[0].abs().sum() > 0

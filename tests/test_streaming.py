@@ -11,7 +11,7 @@ import torch
 from quant_files import write_quantised
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 
-from flux2_core import ReferenceLatents, SampleSettings, load_transformer, sample
+from flux2_core import OutOfMemory, ReferenceLatents, SampleSettings, load_transformer, sample
 from flux2_core.devices.streaming import StreamedWeight, disable_streaming, enable_streaming, streamer_of
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.lora import DIT, Lora
@@ -236,6 +236,49 @@ def test_interrupted_block_leaves_nothing_behind(files, inputs):
     assert torch.equal(forward(net, inputs), expected) and streamer.device_bytes == 0
 
 
+class Stopped(BaseException):
+    """Like ComfyUI's InterruptProcessingException: a BaseException."""
+
+
+@pytest.mark.parametrize("how", ["interrupt", "out_of_memory"])
+@pytest.mark.parametrize("at_block", [1, 3])
+def test_a_run_stopped_at_a_block_leaves_no_streamed_copy_on_the_device(files, how, at_block):
+    """An interrupt (the sampler's per-block check) or an out-of-memory error inside block k: the stopped
+    block's post-hook never runs, yet no copy of it nor of the prefetched next one remains afterwards."""
+    model = load_transformer(files["plain"])
+    streamer = enable_streaming(model.transformer, "cpu")
+    positive = torch.randn(1, T, 24, generator=torch.Generator().manual_seed(2))
+    settings = SampleSettings(64, 64, 2, 1.0, seed=3)
+    calls = []
+
+    def interrupt():
+        calls.append(1)
+        if len(calls) == at_block + 1:  # before block k of the first step
+            raise Stopped
+
+    block = model.transformer.blocks()[at_block]
+    seen = []
+
+    def oom(module, args):  # inside block k: the streamer's pre-hook has brought its copy in
+        seen.append(streamer.device_bytes)  # the copies present when the error strikes
+        raise OutOfMemory("CUDA out of memory (stand-in)")
+
+    error = Stopped if how == "interrupt" else OutOfMemory
+    handle = block.register_forward_pre_hook(oom) if how == "out_of_memory" else None
+    try:
+        with pytest.raises(error):
+            sample(model, positive, settings, interrupt=interrupt if how == "interrupt" else None)
+    finally:
+        if handle is not None:
+            handle.remove()
+    if how == "out_of_memory":
+        assert seen and seen[0] > 0  # the stopped block's copy (and its successor's) were on the device
+    assert streamer.device_bytes == 0
+    expected = sample(model, positive, settings)  # and the next run is a normal one
+    disable_streaming(model.transformer)
+    assert torch.equal(sample(model, positive, settings), expected)
+
+
 def test_a_streamed_layer_called_on_its_own(files):
     net = load_transformer(files["plain"]).transformer
     layer = net.single_blocks[0].linear2
@@ -263,3 +306,51 @@ def test_cuda_side_stream_streaming_matches_resident(files, inputs):
     disable_streaming(net)
     assert net.double_blocks[0].img_attn.qkv.weight.device.type == "cuda"
     assert torch.equal(forward(net, cuda), expected)
+
+
+def test_restoring_pinned_blocks_frees_each_block_before_the_next(files, inputs, monkeypatch):
+    """Pinned blocks are copied back into ordinary memory when streaming ends; each block's pinned buffer
+    must go once its copy exists, not after every block has a second copy (dev: ~64 GB pinned + 60 GB)."""
+    import weakref
+
+    from torch.overrides import TorchFunctionMode
+
+    from flux2_core.devices import streaming
+
+    monkeypatch.setattr(streaming, "host_buffer", lambda n, pin: (torch.empty(n, dtype=torch.uint8), True))
+    net = load_transformer(files["plain"]).transformer
+    expected = forward(net, inputs)
+    streamer = enable_streaming(net, "cpu")
+    assert torch.equal(forward(net, inputs), expected)
+    alive = {}
+    for position, block in streamer._blocks.items():
+        alive[position] = True
+        weakref.finalize(block.host.untyped_storage(), alive.__setitem__, position, False)
+    counts = []
+
+    class Watch(TorchFunctionMode):  # how many pinned buffers exist at each copy the restore makes
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.to:
+                counts.append(sum(alive.values()))
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
+        disable_streaming(net)
+    assert counts[0] == len(alive) and counts == sorted(counts, reverse=True), counts
+    assert counts[-1] <= 1 and not any(alive.values())
+    assert torch.equal(forward(net, inputs), expected)
+
+
+def test_streaming_and_compile_refuse_each_other(files):
+    """Streaming swaps a block's weights under its code: compiled blocks would run against stale copies."""
+    from flux2_core import Flux2Error, compile_blocks
+
+    net = load_transformer(files["plain"]).transformer
+    enable_streaming(net, "cpu")
+    with pytest.raises(Flux2Error, match="cannot be combined"):
+        compile_blocks(net)
+    disable_streaming(net)
+    compile_blocks(net)  # wraps each block; nothing compiles until a block runs
+    with pytest.raises(Flux2Error, match="cannot be combined"):
+        enable_streaming(net, "cpu")
+    assert streamer_of(net) is None

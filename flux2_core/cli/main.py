@@ -15,10 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
-import torch
-
 from ..configs import VARIANTS
-from ..errors import Flux2Error
+from ..errors import Flux2Error, OutOfMemory
 from ..weights.hub import DEFAULT_MODEL
 from .edit import IMG2IMG_STRENGTH
 from .fill import generate_fill, is_flux1_model
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except Flux2Error as e:
         log.error("error: %s", e)
         return 2
-    except torch.OutOfMemoryError:
+    except OutOfMemory:
         log.error(
             "error: out of memory: lower --width/--height, --batch-size or the number of references, or use "
             "--dtype bfloat16"

@@ -132,9 +132,18 @@ def _device_of(module: nn.Module) -> torch.device | None:
     return None
 
 
+def asynchronous(source: torch.device, target: torch.device) -> bool:
+    """Whether a copy between two devices may be issued without waiting: only GPU to GPU, where the copy is
+    ordered on the streams like any kernel. A copy to the CPU must be finished before the CPU reads it (a
+    non-blocking one returns at once, and the block on the CPU would read a half-written tensor)."""
+    return source.type == "cuda" and target.type == "cuda"
+
+
 def _moved(value, device: torch.device):
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True) if value.device != device else value
+        if value.device == device:
+            return value
+        return value.to(device, non_blocking=asynchronous(value.device, device))
     if isinstance(value, tuple):
         return tuple(_moved(v, device) for v in value)
     if isinstance(value, list):

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..ops import Linear, linears
+from .host_memory import give_back_pinned, host_buffer
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +253,7 @@ class BlockStreamer:
                 )
                 offset += -(-tensor.nbytes // _ALIGN) * _ALIGN
             plans.append((layer, stored, slots))
-        host, pinned = _host_buffer(offset, pin)
+        host, pinned = host_buffer(offset, pin)
         block = _Block(self, position, host, pinned)
         for layer, stored, slots in plans:
             views = _views(host, slots, 0)
@@ -273,6 +275,7 @@ class BlockStreamer:
             handle.remove()
         self._handles.clear()
         self.release()
+        pinned = False
         for block in self._blocks.values():
             for layer, weight in block.layers:
                 views = _views(block.host, weight.slots, 0)
@@ -286,8 +289,13 @@ class BlockStreamer:
                     else:
                         layer._buffers[slot.role] = tensor
                 layer.source = weight.inner
+            # a pinned block's buffer goes as soon as its copies exist: never two copies of every block
+            pinned |= block.pinned
+            block.host, views, tensor = None, None, None
         self._blocks.clear()
         self._next.clear()
+        if pinned:
+            give_back_pinned()
 
 
 def enable_streaming(
@@ -308,6 +316,8 @@ def enable_streaming(
     block's input is on. Enabling again replaces the previous setting.
     """
     disable_streaming(transformer)
+    if any(getattr(b, "_compiled_call_impl", None) is not None for b in transformer.blocks()):
+        raise Flux2Error(STREAM_AND_COMPILE)
     device = _normal(device)
     if pin is None:
         pin = device.type == "cuda"
@@ -372,15 +382,6 @@ def _views(buffer: torch.Tensor, slots: list[_Slot], base: int) -> dict[str, tor
         s.role: buffer[s.offset - base : s.offset - base + s.nbytes].view(s.dtype).view(s.shape)
         for s in slots
     }
-
-
-def _host_buffer(nbytes: int, pin: bool) -> tuple[torch.Tensor, bool]:
-    if pin:
-        try:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), True
-        except RuntimeError as e:  # page-locked memory exhausted or refused: ordinary memory still works
-            log.warning("could not pin %d MiB for streaming (%s): using ordinary memory", nbytes >> 20, e)
-    return torch.empty(nbytes, dtype=torch.uint8), False
 
 
 def _module_device(module: nn.Module) -> torch.device:

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from ..configs import Flux2Config, Variant
-from ..errors import Flux2Error
+from ..devices.streaming import streamer_of
+from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..ops import Linear
 from .kv_cache import RefKVCache
 from .layers import (
@@ -196,6 +197,8 @@ def compile_blocks(net: Flux2Transformer) -> None:
     """Compile every block with ``torch.compile`` (in place): the first step of each new size pays the
     compilation, later steps run the fused kernels. Needs a working compiler toolchain (Triton on a GPU, a C++
     compiler on the CPU)."""
+    if streamer_of(net) is not None:
+        raise Flux2Error(STREAM_AND_COMPILE)
     for block in net.blocks():
         block.compile()
 

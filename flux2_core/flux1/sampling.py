@@ -20,7 +20,7 @@ from ..configs import FLUX1
 from ..dit.step_cache import StepCache
 from ..errors import Flux2Error
 from ..flow import StepCallback, euler, make_noise, shifted_sigmas, start_from, truncate
-from ..hooks import before_each, calling
+from ..hooks import before_each, calling, copies_released
 from ..limits import MAX_FILL_GUIDANCE, check_request
 from .config import DEFAULT_GUIDANCE, DEFAULT_STEPS, LATENT_FORMAT, schedule_shift
 from .encoders import FillConditioning
@@ -107,7 +107,7 @@ def sample_fill(
     report = None
     if callback is not None:
         report = lambda step, total, x0: callback(step, total, unpack_latent(x0, fill.grid))  # noqa: E731
-    with before_each(net.blocks(), calling(interrupt)):
+    with copies_released(net), before_each(net.blocks(), calling(interrupt)):
         x = euler(denoise, x, sigmas, report)
     if not torch.isfinite(x).all():
         raise Flux2Error(

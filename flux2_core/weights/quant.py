@@ -220,11 +220,20 @@ def dequantize(q: QuantLayer, stored: Mapping[str, torch.Tensor], dtype: torch.d
     return gguf_dequantize(w, q.qtype, q.shape, dtype)
 
 
+_PAIRS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
 def _e2m1_pairs(dtype: torch.dtype, device) -> torch.Tensor:
-    """[256, 2]: the two E2M1 values of each byte, the high nibble's first."""
-    lut = torch.tensor(_E2M1, dtype=dtype, device=device)
-    codes = torch.arange(256, device=device)
-    return torch.stack([lut[codes >> 4], lut[codes & 0x0F]], dim=-1)
+    """[256, 2]: the two E2M1 values of each byte, the high nibble's first. Built once per dtype and device:
+    building it on a GPU copies the table from the host, a synchronisation per layer that would stall
+    streaming's overlapped copies."""
+    key = (dtype, torch.device(device))
+    pairs = _PAIRS.get(key)
+    if pairs is None:
+        lut = torch.tensor(_E2M1, dtype=dtype)
+        codes = torch.arange(256)
+        pairs = _PAIRS[key] = torch.stack([lut[codes >> 4], lut[codes & 0x0F]], dim=-1).to(key[1])
+    return pairs
 
 
 def unswizzle(stored: torch.Tensor) -> torch.Tensor:
@@ -315,7 +324,8 @@ class QuantWeight:
         if g:
             x = (x.reshape(-1, i // g, g) @ hadamard(g, x.device).to(x.dtype)).reshape(x.shape)
         x2 = x.reshape(-1, i)
-        sx = (x2.abs().amax(-1, keepdim=True).float() / 127).clamp(min=1e-30)
+        # the floor stays a normal number of x's dtype (1e-30 is 0 in float16: an all-zero row gave 0 / 0)
+        sx = (x2.abs().amax(-1, keepdim=True).float() / 127).clamp(min=max(1e-30, torch.finfo(x2.dtype).tiny))
         xq = (x2 / sx.to(x2.dtype)).round().clamp(-128, 127).to(torch.int8)
         try:
             acc = torch._int_mm(xq, q.t())
