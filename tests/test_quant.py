@@ -459,3 +459,31 @@ def test_int8_matmul_of_an_all_zero_row_is_zero_in_every_dtype(dit, tmp_path, dt
         y = layer.source.linear(layer, x.to(dtype))
     assert y is not None and torch.isfinite(y).all()
     assert torch.equal(y[1], torch.zeros_like(y[1])) and y[0].abs().sum() > 0
+
+
+def test_int8_layers_fall_back_where_cudas_int8_matmul_refuses_the_shape(dit, tmp_path, monkeypatch):
+    """On a GPU ``torch._int_mm`` refuses few rows (M <= 16) and widths that are not multiples of 8; the CPU
+    kernel takes them, so this stand-in with CUDA's rules puts the CPU tests on the GPU's fallback branch:
+    such calls multiply the dequantised weight instead, and the others still run in int8."""
+    real = torch._int_mm
+
+    def cuda_rules(a, b):
+        if a.shape[0] <= 16 or a.shape[1] % 8 or b.shape[1] % 8:
+            raise RuntimeError("self.size(0) needs to be greater than 16, but got 1")
+        return real(a, b)
+
+    sd = bfl_state_dict(dit)
+    write_quantised(sd, tmp_path / "int8.safetensors", "int8_tensorwise")
+    net = load_transformer(tmp_path / "int8.safetensors").transformer
+    layer = dict(linears(net))["single_blocks.0.linear2"]
+    g = torch.Generator().manual_seed(2)
+    few = torch.randn(1, 3, layer.in_features, generator=g)
+    many = torch.randn(2, 20, layer.in_features, generator=g)
+    with torch.no_grad():
+        int8_few, int8_many = layer(few), layer(many)
+        monkeypatch.setattr(torch, "_int_mm", cuda_rules)
+        assert layer.source.linear(layer, few.reshape(-1, layer.in_features)) is None  # the fallback
+        deq = torch.nn.functional.linear(few, layer.compute_weight(torch.float32, CPU))
+        torch.testing.assert_close(layer(few), deq)  # dequantise-then-matmul, not int8
+        assert not torch.equal(layer(few), int8_few)
+        assert torch.equal(layer(many), int8_many)  # 40 rows: int8 as before
