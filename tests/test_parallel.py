@@ -366,3 +366,31 @@ def test_process_count_must_divide_heads_and_mlp():
         check_world(KLEIN, 3, "tensor")
     with pytest.raises(Flux2Error, match="unknown parallel mode"):
         check_world(KLEIN, 2, "pipeline")
+
+
+def test_the_collective_timeout_covers_rank_0s_encoding_and_is_settable(monkeypatch):
+    """While rank 0 alone loads and runs the text encoder (a 24B Mistral for dev) the others wait in their
+    first broadcast: PyTorch's default timeout (10 minutes for NCCL) must not end them first."""
+    from datetime import timedelta
+
+    from flux2_core.devices import parallel
+
+    monkeypatch.delenv(parallel.TIMEOUT_ENV, raising=False)
+    assert parallel.collective_timeout() == timedelta(hours=1)
+    monkeypatch.setenv(parallel.TIMEOUT_ENV, "2.5")
+    assert parallel.collective_timeout() == timedelta(minutes=2.5)
+    for bad in ("0", "-3", "soon"):
+        monkeypatch.setenv(parallel.TIMEOUT_ENV, bad)
+        with pytest.raises(Flux2Error, match="FLUX2_PARALLEL_TIMEOUT_MIN"):
+            parallel.collective_timeout()
+    seen = {}
+    monkeypatch.setenv(parallel.TIMEOUT_ENV, "7")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(parallel.dist, "is_initialized", lambda: False)
+    join = lambda backend, **kw: seen.update(kw, backend=backend)  # noqa: E731
+    monkeypatch.setattr(parallel.dist, "init_process_group", join)
+    monkeypatch.setattr(parallel.dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(parallel.dist, "get_world_size", lambda: 1)
+    parallel.init_distributed("cpu")
+    assert seen == {"backend": "gloo", "timeout": timedelta(minutes=7)}

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -85,8 +86,25 @@ def init_distributed(device: str | torch.device = "cuda") -> Distributed:
     else:
         raise Flux2Error(f"parallel runs use CUDA GPUs (NCCL) or the CPU (gloo), not {device.type}")
     if not dist.is_initialized():
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=collective_timeout())
     return Distributed(dist.get_rank(), dist.get_world_size(), dist.group.WORLD, device)
+
+
+TIMEOUT_ENV, DEFAULT_TIMEOUT_MIN = "FLUX2_PARALLEL_TIMEOUT_MIN", 60.0
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective waits for the other processes: long enough for rank 0 alone to load and run a
+    24B text encoder while the others wait in their first broadcast (PyTorch's default, 10 minutes for
+    NCCL, can fire first). ``FLUX2_PARALLEL_TIMEOUT_MIN`` sets it in minutes."""
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        minutes = float(raw) if raw else DEFAULT_TIMEOUT_MIN
+    except ValueError:
+        minutes = -1.0
+    if not minutes > 0:
+        raise Flux2Error(f"{TIMEOUT_ENV}={raw!r} is not a number of minutes above 0: set it to e.g. 60")
+    return timedelta(minutes=minutes)
 
 
 def close_distributed() -> None:
