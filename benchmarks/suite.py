@@ -213,15 +213,10 @@ def cases(args, kv: bool = True) -> list[sm.Case]:
 # ---------------------------------------------------------------------------------------------- sections
 
 
-def skipped_step(net, inp, rounds: int, timer) -> dict:
+def skipped_step(ours, case, inp, rounds: int, timer) -> dict:
     """Our step when the First-Block Cache skips it: the first block, the comparison, the stored residual
     and the final layer (a cache that skips every step after the full one it keeps)."""
-    skipping = FirstBlockCache(MAX_STEP_CACHE)
-
-    def call():
-        g = inp.extra.get("guidance")
-        return net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, guidance=g, step_cache=skipping)
-
+    call = ours.step(case, inp, FirstBlockCache(MAX_STEP_CACHE))
     with torch.inference_mode():
         call()  # the full step it keeps
     return alternate({"ours": call}, rounds, timer)
@@ -253,7 +248,7 @@ def bench_dit(args, config, impls: dict, device, dtype, timer, peak: float) -> d
         if not case.refs and "ours" in impls:  # the same step when the First-Block Cache skips it
             results[f"{case.name} skipped by the step cache"] = {
                 "case": vars(case),
-                "impls": skipped_step(impls["ours"].net, inp, args.rounds, timer),
+                "impls": skipped_step(impls["ours"], case, inp, args.rounds, timer),
             }
         if hasattr(impls.get("diffusers"), "kv_mode"):
             impls["diffusers"].kv_mode(False)
@@ -274,13 +269,9 @@ def bench_fill(args, config: Flux1Config, impls: dict, device, dtype, timer, pea
         print(f"  {case.name}: {case.query_tokens} tokens", flush=True)
         r = alternate(calls, args.rounds, timer)
         results[case.name] = with_flops(case, sf.fill_flops(config, case), r, peak)
-        skipping = FirstBlockCache(MAX_STEP_CACHE)
-        call = impls["ours"].step(case, inp, step_cache=skipping)
-        with torch.inference_mode():
-            call()  # the full step it keeps
         results[f"{case.name} skipped by the step cache"] = {
             "case": vars(case),
-            "impls": alternate({"ours": call}, args.rounds, timer),
+            "impls": skipped_step(impls["ours"], case, inp, args.rounds, timer),
         }
         print("    " + "  ".join(f"{n} {v['median_s'] * 1000:.0f} ms" for n, v in r.items()), flush=True)
     return results

@@ -240,13 +240,14 @@ class Ours:
         variant = "dev" if self.net.config.guidance_embed else "distilled"
         self.model = Flux2Model(self.net, VARIANTS[variant], "bench")
 
-    def step(self, case: Case, inp: Inputs):
+    def step(self, case: Case, inp: Inputs, step_cache=None):
         net = self.net
         if case.kv:
             cache = net.encode_reference_kv(inp.ref, inp.ref_ids)
             return lambda: net.forward_kv_cached(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, cache)
         g = inp.extra.get("guidance")
-        return lambda: net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, inp.ref, inp.ref_ids, guidance=g)
+        return lambda: net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, inp.ref, inp.ref_ids, guidance=g,
+                           step_cache=step_cache)  # fmt: skip
 
     def extract(self, case: Case, inp: Inputs):
         """The KV model's first step: the references' K/V computed (from the references alone), then the

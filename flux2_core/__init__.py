@@ -95,7 +95,6 @@ from .sampling import (
     model_run,
     output_size,
     sample,
-    sampling_memory,
     settings_numbers,
 )
 from .text.encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
@@ -189,7 +188,6 @@ __all__ = [
     "read_lora",
     "remove_placement",
     "sample",
-    "sampling_memory",
     "sample_fill",
     "settings_numbers",
     "streamer_of",

@@ -242,15 +242,16 @@ def latent_velocity(
     kw = {}
     if guidance is not None and net.config.guidance_embed:
         kw["guidance"] = guidance.float().to(device).reshape(-1).expand(b)
+    ctx_ids = text_ids(ctx.shape[1])
     with torch.inference_mode():
         if kv_cache is not None:
-            v = net.forward_kv_cached(tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), kv_cache, **kw)
+            v = net.forward_kv_cached(tokens, x_ids, t, ctx, ctx_ids, kv_cache, **kw)
         elif references:
-            refs = torch.cat([lat.flatten(2).transpose(1, 2) for lat in references], dim=1).to(device, dtype)
+            refs = torch.cat([pack(lat) for lat in references], dim=1).to(device, dtype)
             ids = reference_ids([tuple(lat.shape[-2:]) for lat in references])
-            v = net(tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), refs, ids, **kw)
+            v = net(tokens, x_ids, t, ctx, ctx_ids, refs, ids, **kw)
         else:
-            v = net(tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), **kw)
+            v = net(tokens, x_ids, t, ctx, ctx_ids, **kw)
     return unpack(v.float(), h, w).to(x.device)
 
 
