@@ -2,18 +2,15 @@
 
 ``enable_streaming(transformer, device, resident_bytes)`` keeps the model's small parts (embedders,
 modulation, final layer, norms) and as many whole blocks as fit in ``resident_bytes`` on the device; the
-linear weights of every other block live in (pinned) CPU memory and are copied to the device right before
-their block runs, the next streamed block's copy already under way on a side CUDA stream while the current
-block computes, and dropped when the block is done. A 9B DiT (18 GB in bf16) then needs about three blocks
-of weights (2-3 GB) on top of the resident part.
-
-Streamed weights are taken out of the module's parameters and buffers, so ``module.to(device)`` (which
-ComfyUI's model patcher calls), ``state_dict()`` and parameter counts see the resident part only. Each
-streamed layer computes through its original weight source on device copies of its stored tensors, so plain,
-fp8, int8, nvfp4 and GGUF storages and LoRA patches compute exactly what they compute resident (the outputs
-are bit-identical). ``disable_streaming`` puts every tensor back into the module, on its original device.
-
-On a CPU device the same path runs with plain copies and no streams.
+linear weights of every other block live in CPU memory (one page-locked arena per model: ``host_memory``)
+and are copied to the device right before their block runs (the next one's copy under way on a side CUDA
+stream while the current block computes), then dropped. A 9B DiT (18 GB in bf16) then needs about three
+blocks of weights (2-3 GB) on top of the resident part. Streamed weights are taken out of the module's
+parameters and buffers, so ``module.to(device)`` (which ComfyUI's model patcher calls), ``state_dict()``
+and parameter counts see the resident part only. Each streamed layer computes through its original weight
+source on device copies of its stored tensors, so every storage format and LoRA patch computes exactly what
+it computes resident (bit-identical). ``disable_streaming`` puts every tensor back into the module, on its
+original device. On a CPU device the same path runs with plain copies and no streams.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from torch import nn
 
 from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..ops import Linear, linears
-from .host_memory import give_back_pinned, host_buffer
+from .host_memory import HostArena, registrar
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +125,7 @@ class BlockStreamer:
         self._done: deque = deque()  # compute-stream events, one per finished streamed block
         self._side: dict[torch.device, torch.cuda.Stream] = {}
         self._handles: list = []
+        self.arena: HostArena | None = None  # the CPU memory of the streamed blocks
 
     def __repr__(self) -> str:
         return (
@@ -138,9 +136,8 @@ class BlockStreamer:
 
     @property
     def working_bytes(self) -> int:
-        """The most device memory the streamed copies take during a forward (three blocks: the one
-        computing, the next one arriving, and the last one until the device is done with it); add it to
-        the memory a run needs."""
+        """The most device memory the streamed copies take during a forward (three blocks: the one computing,
+        the next one arriving, the last one until the device is done with it): add it to a run's memory."""
         return BLOCKS_IN_FLIGHT * max((b.host.numel() for b in self._blocks.values()), default=0)
 
     @property
@@ -241,20 +238,9 @@ class BlockStreamer:
 
     # --- taking weights out and putting them back ---------------------------------------------------------
 
-    def _stream(self, position: int, module: nn.Module, pin: bool) -> None:
-        layers = [(layer, _stored(layer)) for _, layer in linears(module)]
-        layers = [(layer, stored) for layer, stored in layers if stored]
-        offset, plans = 0, []
-        for layer, stored in layers:
-            slots = []
-            for role, tensor in stored.items():
-                slots.append(
-                    _Slot(role, offset, tensor.nbytes, tensor.dtype, tuple(tensor.shape), tensor.device)
-                )
-                offset += -(-tensor.nbytes // _ALIGN) * _ALIGN
-            plans.append((layer, stored, slots))
-        host, pinned = host_buffer(offset, pin)
-        block = _Block(self, position, host, pinned)
+    def _stream(self, position: int, plans: list, host: torch.Tensor) -> None:
+        """Move the stored tensors ``plans`` lays out (``_layout``) into ``host`` and out of the module."""
+        block = _Block(self, position, host, pinned=False)
         for layer, stored, slots in plans:
             views = _views(host, slots, 0)
             for role, tensor in stored.items():
@@ -275,13 +261,14 @@ class BlockStreamer:
             handle.remove()
         self._handles.clear()
         self.release()
-        pinned = False
+        for side in self._side.values():  # no copy may still read the host memory about to be unlocked
+            side.synchronize()
         for block in self._blocks.values():
             for layer, weight in block.layers:
                 views = _views(block.host, weight.slots, 0)
-                for slot in weight.slots:
+                for slot in weight.slots:  # weights from the CPU stay in the arena: nothing is copied
                     tensor = views[slot.role]
-                    if block.pinned or slot.home.type != "cpu":
+                    if slot.home.type != "cpu":
                         tensor = tensor.to(slot.home, copy=True)
                     if slot.role == "weight":
                         weight.param.data = tensor
@@ -289,13 +276,10 @@ class BlockStreamer:
                     else:
                         layer._buffers[slot.role] = tensor
                 layer.source = weight.inner
-            # a pinned block's buffer goes as soon as its copies exist: never two copies of every block
-            pinned |= block.pinned
-            block.host, views, tensor = None, None, None
         self._blocks.clear()
         self._next.clear()
-        if pinned:
-            give_back_pinned()
+        if self.arena is not None:
+            self.arena.unpin()
 
 
 def enable_streaming(
@@ -310,7 +294,7 @@ def enable_streaming(
     ``resident_bytes`` is the budget of weights that stay on the device, as stored: the parts outside the
     blocks and the blocks' small tensors (norms) always stay and count first, then blocks are kept whole, in
     run order, while they fit; every other block is streamed (0 streams every block). The streamed weights
-    move to CPU memory, pinned when ``device`` is a CUDA device and ``pin`` is not False (``pin=False``:
+    move to CPU memory, page-locked when ``device`` is a CUDA device and ``pin`` is not False (``pin=False``:
     ordinary memory, slower copies). ``move`` moves the resident part to ``device`` now; a host that moves
     the module itself (ComfyUI's model patcher) passes False. Streamed copies always go to the device the
     block's input is on. Enabling again replaces the previous setting.
@@ -321,7 +305,7 @@ def enable_streaming(
     device = _normal(device)
     if pin is None:
         pin = device.type == "cuda"
-    pin = bool(pin) and torch.cuda.is_available()
+    pin = bool(pin) and registrar() is not None
     streamer = BlockStreamer(transformer, device)
     blocks = list(transformer.blocks())
     heavy = [sum(t.nbytes for _, layer in linears(b) for t in _stored(layer).values()) for b in blocks]
@@ -334,8 +318,13 @@ def enable_streaming(
             left -= nbytes
         else:
             streamed.append(position)
-    for position in streamed:
-        streamer._stream(position, blocks[position], pin)
+    layouts = {p: _layout(blocks[p]) for p in streamed}
+    streamer.arena = HostArena([size for _, size in layouts.values()], pin)
+    for k, position in enumerate(streamed):  # each block's original tensors go once its copy is in
+        streamer._stream(position, layouts.pop(position)[0], streamer.arena.block(k))
+    streamer.arena.pin()
+    for k, block in enumerate(streamer._blocks.values()):
+        block.pinned = streamer.arena.pinned(k)
     for position in range(-1, len(blocks)):
         upcoming = next((p for p in streamed if p > position), None)
         if upcoming is not None:
@@ -366,6 +355,18 @@ def disable_streaming(transformer: nn.Module) -> None:
 def streamer_of(transformer: nn.Module) -> BlockStreamer | None:
     """The streamer ``enable_streaming`` attached to ``transformer``, or None."""
     return getattr(transformer, _ATTR, None)
+
+
+def _layout(module: nn.Module) -> tuple[list, int]:
+    """(layer, its stored tensors, their slots) for each streamed layer of a block, and its buffer's size."""
+    offset, plans = 0, []
+    for layer in (layer for _, layer in linears(module) if _stored(layer)):
+        stored, slots = _stored(layer), []
+        for role, tensor in stored.items():
+            slots.append(_Slot(role, offset, tensor.nbytes, tensor.dtype, tuple(tensor.shape), tensor.device))
+            offset += -(-tensor.nbytes // _ALIGN) * _ALIGN
+        plans.append((layer, stored, slots))
+    return plans, offset
 
 
 def _stored(layer: Linear) -> dict[str, torch.Tensor]:
