@@ -5,6 +5,8 @@
     python benchmarks/suite.py --gpu-real        # klein 4B and 9B shapes, bf16, 1024², on a CUDA device
     python benchmarks/suite.py --gpu-real --shapes klein-4b klein-9b dev fill
         # also FLUX.2 [dev] (real widths, a quarter of its blocks) and FLUX.1 Fill [dev] (its real shape)
+    python benchmarks/suite.py --gpu-real --dry-run [--card-gb 80]   # no GPU needed: the device memory
+        # each stage would hold, added up on the meta device (exits 1 when a shape does not fit the card)
     python benchmarks/suite.py --shapes klein-4b dev fill   # each family at the medium shape (a CPU)
     python benchmarks/suite.py --real-width --dtype bfloat16 --sizes 512 1024 --skip text vae e2e load
         # klein 4B's real widths (hidden 3072 = 24 heads x 128, text 7680) with 1 + 4 blocks, so that the
@@ -50,6 +52,7 @@ import suite_models as sm
 import torch
 from klein_shapes import ROOT
 from live_tensors import peak_tensor_bytes
+from suite_memory import GIB, HEADROOM, Ledger, card_bytes, held_bytes, step_allowance, vae_allowance
 from suite_plot import line_plot
 
 from flux2_core.configs import Flux2Config
@@ -282,16 +285,23 @@ def run_fill_shape(args, label: str, config: Flux1Config, device, dtype, peak: f
 
     print(f"{label}: FLUX.1 Fill, {config.hidden_size} wide, {config.depth}+{config.depth_single_blocks} "
           f"blocks, {args.dtype} on {device}", flush=True)  # fmt: skip
+    ledger = Ledger(device)
     theirs = sf.build_diffusers_fill(config, device, dtype)
+    ledger.stage("diffusers' DiT", theirs)
     bfl = bfl_fill_state_dict(theirs)
+    ledger.stage("+ its BFL state dict", theirs, bfl)
     impls = {"ours": sf.FillOurs(bfl, device, dtype), "diffusers": sf.FillDiffusers(theirs)}
-    if with_native:
+    if with_native and not args.dry_run:
         impls["native"] = sf.FillNative(bfl, device, dtype)
+    native = held_bytes(bfl) if args.dry_run else 0  # native's copy, counted in full when not built
     del bfl
+    tokens = max(c.query_tokens for c in sf.fill_cases(args.sizes))
+    ledger.stage("DiT cases", *impls.values(), extra=native + step_allowance(config, dtype, tokens))
     out = {"config": vars(config) | {"axes_dim": list(config.axes_dim)}}
     out["parameters"] = sum(p.numel() for p in theirs.parameters())
-    if "dit" not in args.skip:
+    if "dit" not in args.skip and not args.dry_run:
         out["dit"] = bench_fill(args, config, impls, device, dtype, Timer(device), peak)
+    out["memory"] = ledger
     return out
 
 
@@ -302,8 +312,10 @@ def bench_text(args, width, device, dtype, timer) -> tuple[dict, object, object]
     from flux2_core.text.encoder import text_encoder_from_state_dict
 
     hf = sm.build_text_model(width, device, dtype)
-    ours = text_encoder_from_state_dict(model_tensors(hf), dtype=dtype, device=device)
     tokenizer = reference_hf_tokenizer()
+    if args.dry_run:  # ours loads through the CPU, which meta tensors cannot: counted as hf's size instead
+        return {}, None, (hf, tokenizer)
+    ours = text_encoder_from_state_dict(model_tensors(hf), dtype=dtype, device=device)
 
     def theirs():
         return Flux2KleinPipeline._get_qwen3_prompt_embeds(
@@ -605,12 +617,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip", nargs="*", default=[], choices=["dit", "text", "vae", "e2e", "load"])
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--svg", type=Path, default=None)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build every model on the meta device, time nothing, and add up the device memory each stage "
+        "holds; exits 1 when a stage would not fit --card-gb",
+    )
+    p.add_argument("--card-gb", type=float, default=None, help="with --dry-run: the card (default: 80)")
     p.add_argument("--probe", choices=IMPLS, help=argparse.SUPPRESS)
     p.add_argument("--probe-file", help=argparse.SUPPRESS)
     args = p.parse_args()
     gpu = args.gpu_real or args.device.startswith("cuda")
-    if args.gpu_real and not torch.cuda.is_available():
-        p.error("--gpu-real needs a CUDA device")
+    if args.gpu_real and not torch.cuda.is_available() and not args.dry_run:
+        p.error("--gpu-real needs a CUDA device (or --dry-run, to add up its memory without one)")
     defaults = dict(
         dtype="bfloat16" if gpu else "float32",
         sizes=[512, 1024] if args.gpu_real else [256, 512],
@@ -631,12 +650,14 @@ def parse_args() -> argparse.Namespace:
 
 
 def run_shape(args, label: str, config: Flux2Config, device, dtype, peak: float, with_native: bool) -> dict:
+    """One FLUX.2 shape, section by section; each implementation's copy goes once no later section needs it,
+    and the ledger records what is held at each stage."""
     from tiny_dit import bfl_state_dict
     from tiny_vae import TINY_VAE, random_vae_state_dict
 
     from flux2_core.vae.autoencoder import FLUX2_VAE
 
-    timer = Timer(device)
+    timer, ledger, dry = Timer(device), Ledger(device), args.dry_run
     print(
         f"{label}: {config.hidden_size} wide, {config.depth}+{config.depth_single_blocks} blocks, "
         f"text {config.context_in_dim}, {args.dtype} on {device}",
@@ -644,27 +665,43 @@ def run_shape(args, label: str, config: Flux2Config, device, dtype, peak: float,
     )
     start = time.perf_counter()
     theirs = sm.build_diffusers_dit(config, device, dtype)
+    ledger.stage("diffusers' DiT", theirs)
     bfl = bfl_state_dict(theirs)
-    impls = {"ours": sm.Ours(bfl, device, dtype), "diffusers": sm.Diffusers(theirs)}
-    if with_native:
-        impls["native"] = sm.Native(bfl, device, dtype)
+    ledger.stage("+ its BFL state dict", theirs, bfl)
     params = sum(p.numel() for p in theirs.parameters())
     print(f"  built {params / 1e6:.0f} M parameters in {time.perf_counter() - start:.1f} s", flush=True)
     out = {"config": vars(config) | {"axes_dim": list(config.axes_dim)}, "parameters": params}
-    if "load" not in args.skip:
-        with tempfile.TemporaryDirectory() as tmp:
-            out["load"] = bench_load(args, theirs, bfl, list(impls), Path(tmp))
-    del bfl
-    if "dit" not in args.skip:
+    names = ["ours", "diffusers"] + (["native"] if with_native else [])
+    if "load" not in args.skip:  # before the others are built: each probe adds its own copy on the device
+        ledger.stage("load probe", theirs, bfl, extra=held_bytes(bfl), note="one DiT in the probe's process")
+        if not dry:
+            with tempfile.TemporaryDirectory() as tmp:
+                out["load"] = bench_load(args, theirs, bfl, names, Path(tmp))
+    impls = {"ours": sm.Ours(bfl, device, dtype), "diffusers": sm.Diffusers(theirs)}
+    if with_native and not dry:
+        impls["native"] = sm.Native(bfl, device, dtype)
+    native = held_bytes(bfl) if dry else 0  # native's copy, counted in full when not built
+    del bfl, theirs
+    tokens = max(c.attended_tokens for c in cases(args, kv=False))
+    ledger.stage("DiT cases", *impls.values(), extra=native + step_allowance(config, dtype, tokens))
+    if "dit" not in args.skip and not dry:
         out["dit"] = bench_dit(args, config, impls, device, dtype, timer, peak)
+    impls.pop("native", None)  # no later section runs native's DiT
+    if "e2e" in args.skip:
+        impls.clear()  # nor ours or diffusers'
+    release(device)
+    out["memory"] = ledger
     if config.guidance_embed:  # FLUX.2 [dev]: its DiT only (the Mistral encoder is timed nowhere here)
         return out
     text = hf_text = None
+    ours_text = 0
     if "text" not in args.skip or "e2e" not in args.skip:
         width = config.context_in_dim // 3
         print(f"  text encoder: Qwen3 {width} wide, 28 layers", flush=True)
         r, text, hf_text = bench_text(args, width, device, dtype, timer)
-        if "text" not in args.skip:
+        ours_text = held_bytes(hf_text[0]) if dry else 0  # not built in a dry run: counted as hf's size
+        ledger.stage("text encoders", *impls.values(), text, hf_text[0], extra=ours_text)
+        if "text" not in args.skip and not dry:
             out["text"] = {"text encode 512 tokens": {"impls": r}}
     vae_config = (
         FLUX2_VAE
@@ -674,28 +711,62 @@ def run_shape(args, label: str, config: Flux2Config, device, dtype, peak: float,
         )
     )
     vae_sd = random_vae_state_dict(vae_config, seed=4)
+    vae_bytes = held_bytes(vae_sd)
     if "vae" not in args.skip:
         print(f"  VAE {args.vae} at {args.vae_size}²", flush=True)
-        try:
-            out["vae"] = bench_vae(args, vae_sd, vae_config, device, timer, with_native)
-        except Exception as exc:  # native's VAE wrapper: report, keep ours vs diffusers
-            print(
-                f"  native VAE failed ({type(exc).__name__}: {str(exc)[:160]}); ours vs diffusers only",
-                flush=True,
-            )
-            out["vae"] = bench_vae(args, vae_sd, vae_config, device, timer, False)
+        allowance = ours_text + 3 * vae_bytes + vae_allowance(args.vae_size, torch.float32)
+        ledger.stage("VAE", *impls.values(), text, hf_text, extra=allowance, note="three VAEs, float32")
+        if not dry:
+            out["vae"] = vae_section(args, vae_sd, vae_config, device, timer, with_native)
     if "e2e" not in args.skip:
         print(f"  end to end {args.e2e_size}², {args.steps} steps", flush=True)
-        out["e2e"] = bench_e2e(
-            args, impls["ours"].model, impls["diffusers"], text, hf_text, vae_sd, vae_config, device, timer
+        e2e_tokens = (args.e2e_size // 16) ** 2 + 512
+        allowance = (
+            2 * vae_bytes + step_allowance(config, dtype, e2e_tokens) + vae_allowance(args.e2e_size, dtype)
         )
+        ledger.stage("end to end", *impls.values(), text, hf_text, extra=allowance)
+        if not dry:
+            out["e2e"] = bench_e2e(
+                args,
+                impls["ours"].model,
+                impls["diffusers"],
+                text,
+                hf_text,
+                vae_sd,
+                vae_config,
+                device,
+                timer,
+            )
     return out
+
+
+def vae_section(args, vae_sd, vae_config, device, timer, with_native: bool) -> dict:
+    try:
+        return bench_vae(args, vae_sd, vae_config, device, timer, with_native)
+    except Exception as exc:  # native's VAE wrapper: report, keep ours vs diffusers
+        print(
+            f"  native VAE failed ({type(exc).__name__}: {str(exc)[:160]}); ours vs diffusers only",
+            flush=True,
+        )
+        return bench_vae(args, vae_sd, vae_config, device, timer, False)
+
+
+def release(device: torch.device) -> None:
+    """Give the memory of dropped copies back before the next section allocates."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
     args = parse_args()
     if args.probe:
         load_probe(args)
+        return
+    if args.dry_run:
+        dry_run(args)
         return
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     with_native = sm.comfy_import(device.type == "cuda", args.native_sdpa)
@@ -716,9 +787,9 @@ def main() -> None:
     for label, config in shape_configs(args).items():
         run = run_fill_shape if isinstance(config, Flux1Config) else run_shape
         gflops = peak[args.dtype]["gflops"]
-        report["shapes"][label] = run(args, label, config, device, dtype, gflops, with_native)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        shape = report["shapes"][label] = run(args, label, config, device, dtype, gflops, with_native)
+        shape["memory"] = shape["memory"].stages
+        release(device)
     report["total_s"] = time.perf_counter() - start
     report["our_attention"] = {str(k): v for k, v in attention.chosen().items()}  # measured choices
     for label, shape in report["shapes"].items():
@@ -753,6 +824,34 @@ def main() -> None:
             else ""
         )
         args.svg.write_text(plot(report["shapes"][label].get("dit", {}), title))
+
+
+def dry_run(args) -> None:
+    """``--dry-run``: every shape's models built on the meta device, no call run; the device memory each
+    stage would hold is added up and checked against the card."""
+    device, dtype = torch.device("meta"), getattr(torch, args.dtype)
+    card = card_bytes(torch.device(args.device), args.card_gb)
+    report = {
+        "dry_run": True,
+        "card_bytes": card,
+        "headroom": HEADROOM,
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    report["shapes"], over = {}, []
+    for label, config in shape_configs(args).items():
+        run = run_fill_shape if isinstance(config, Flux1Config) else run_shape
+        ledger = run(args, label, config, device, dtype, 0.0, False)["memory"]
+        print(f"{label}: device memory held at each stage ({args.dtype})")
+        print("\n".join(ledger.lines(card)), flush=True)
+        report["shapes"][label] = {"stages": ledger.stages, "peak_bytes": ledger.peak}
+        if ledger.peak > HEADROOM * card:
+            over.append(f"{label} ({ledger.peak / GIB:.1f} GiB)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+    if over:
+        sys.exit(f"does not fit {card / GIB:.0f} GiB: {', '.join(over)}; run those shapes on a larger "
+                 "card, or one shape per process with fewer sections (--skip)")  # fmt: skip
 
 
 if __name__ == "__main__":

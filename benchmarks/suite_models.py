@@ -142,12 +142,19 @@ def dit_flops(config: Flux2Config, case: Case) -> float:
 def random_fill_(model: torch.nn.Module, seed: int) -> None:
     """Random weights as tests/tiny_dit.py draws them (norm scales near 1, unit-variance linear outputs),
     drawn on the parameters' own device (so a meta-built model is filled on the GPU)."""
+    if on_meta(model):  # a dry run: shapes only, nothing to fill
+        return
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):
             g = torch.Generator(p.device).manual_seed(seed + i)
             noise = torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
             std = 0.3 if p.ndim == 1 else 1.0 / p.shape[1] ** 0.5
             p.copy_(noise * std + (1.0 if p.ndim == 1 else 0.0))
+
+
+def on_meta(model: torch.nn.Module) -> bool:
+    """Whether ``model`` lives on the meta device (``suite.py --dry-run``)."""
+    return next(model.parameters()).device.type == "meta"
 
 
 def diffusers_kwargs(config: Flux2Config) -> dict:
@@ -209,7 +216,7 @@ def build_text_model(width: int, device, dtype):
         model = Qwen3ForCausalLM(config)
     model = model.to(dtype).to_empty(device=device)  # cast on meta: never materialised in float32
     with torch.no_grad():
-        for i, (name, p) in enumerate(model.named_parameters()):
+        for i, (name, p) in enumerate(() if on_meta(model) else model.named_parameters()):
             g = torch.Generator(p.device).manual_seed(1000 + i)
             noise = torch.randn(p.shape, generator=g, device=p.device)
             if p.ndim == 1:

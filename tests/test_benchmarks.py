@@ -67,3 +67,39 @@ def test_suite_runs_every_family_on_a_cpu_and_the_implementations_agree(tmp_path
             if label != "fill medium":
                 assert ours <= theirs, (label, name, ours, theirs)
     assert "peak memory above the start of each call" in run.stdout
+
+
+def test_gpu_real_dry_run_adds_up_each_stage_and_fits_an_80_gb_card(tmp_path):
+    """``--gpu-real --dry-run``: every real shape built on the meta device, the device memory of each stage
+    added up; the run as ordered must fit an 80 GB card (the smaller of the cards the GPU check targets)."""
+    out = tmp_path / "plan.json"
+    cmd = [sys.executable, "suite.py", "--gpu-real", "--dry-run", "--shapes", "klein-4b", "klein-9b", "dev"]
+    cmd += ["fill", "--card-gb", "80", "--json", str(out)]
+    run = subprocess.run(cmd, cwd=REPO / "benchmarks", capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    plan = json.loads(out.read_text())
+    assert plan["dry_run"] and list(plan["shapes"]) == ["klein-4b", "klein-9b", "dev", "fill"]
+    gib = 2**30
+    for label, shape in plan["shapes"].items():
+        stages = {s["stage"]: s for s in shape["stages"]}
+        assert shape["peak_bytes"] <= 0.95 * 80 * gib, (label, shape["peak_bytes"] / gib)
+        assert shape["peak_bytes"] == max(s["total_bytes"] for s in stages.values())
+        dit = stages["diffusers' DiT"]["held_bytes"]
+        # diffusers' DiT in bf16: 2 bytes a parameter (klein 9B: 9.08 B parameters, 16.9 GiB)
+        assert dit > {"klein-4b": 7, "klein-9b": 16.5, "dev": 16, "fill": 22}[label] * gib
+        # ours shares the state dict it is built from and native counts as one more copy of it
+        assert stages["DiT cases"]["held_bytes"] == stages["+ its BFL state dict"]["held_bytes"]
+        assert stages["DiT cases"]["extra_bytes"] > stages["+ its BFL state dict"]["held_bytes"] - dit
+    nine = {s["stage"]: s for s in plan["shapes"]["klein-9b"]["stages"]}
+    # the load probe runs before ours and native exist: the parent holds diffusers' DiT and the state dict
+    assert nine["load probe"]["total_bytes"] < nine["DiT cases"]["total_bytes"]
+    assert list(nine) == ["diffusers' DiT", "+ its BFL state dict", "load probe", "DiT cases",
+                          "text encoders", "VAE", "end to end"]  # fmt: skip
+
+
+def test_gpu_real_dry_run_refuses_a_card_too_small_and_names_the_shape():
+    cmd = [sys.executable, "suite.py", "--gpu-real", "--dry-run", "--shapes", "klein-4b", "klein-9b"]
+    cmd += ["--skip", "text", "vae", "e2e", "load", "--card-gb", "40"]
+    run = subprocess.run(cmd, cwd=REPO / "benchmarks", capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1
+    assert "does not fit 40 GiB: klein-9b" in run.stderr and "klein-4b (" not in run.stderr
