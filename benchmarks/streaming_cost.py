@@ -12,6 +12,7 @@ device and, on CUDA, the peak device memory of each; checks that the outputs are
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--resident-mb", type=float, default=0.0, help="weights kept on the device")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-pin", action="store_true", help="stream from ordinary (pageable) memory")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     hidden, grid = args.heads * 128, args.size // 16
@@ -83,7 +85,8 @@ def main() -> None:
     assert torch.equal(streamed, expected) and torch.equal(again, expected)
     mib = 2**20
     print(
-        f"klein-shaped DiT {hidden} wide, {args.depth}+{4 * args.depth} blocks ({weights / mib:.0f} MiB of "
+        f"klein-shaped DiT {hidden} wide, {args.depth}+{len(net.single_blocks)} blocks "
+        f"({weights / mib:.0f} MiB of "
         f"weights), {args.size}^2 ({grid * grid} image + 512 text tokens), {args.dtype} on {device}"
     )
     print(f"  resident                 {resident_s * 1000:9.1f} ms per step")
@@ -103,6 +106,17 @@ def main() -> None:
             f"  peak device memory: resident {resident_peak / mib:.0f} MiB, "
             f"streamed {streamed_peak / mib:.0f} MiB ({streamed_peak / resident_peak:.2f}x)"
         )
+    if args.json:
+        figures = {
+            "device": str(device), "gpu": torch.cuda.get_device_name(device) if cuda else None,
+            "dtype": args.dtype, "hidden": hidden, "blocks": [args.depth, len(net.single_blocks)],
+            "size": args.size, "weight_bytes": weights, "streamed_bytes": streamer.streamed_bytes,
+            "resident_s": resident_s, "streamed_s": streamed_s, "copies_s": copy_s, "again_s": again_s,
+            "ratio": streamed_s / resident_s, "resident_peak": resident_peak, "streamed_peak": streamed_peak,
+            "identical": True,
+        }  # fmt: skip
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

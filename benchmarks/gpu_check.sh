@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The device check: the CUDA-only paths and the real-shape benchmarks, in under 10 minutes on one large GPU
+# (80-140 GB). Every step writes its JSON under OUT; summary.json says which steps passed.
+#
+#     benchmarks/gpu_check.sh OUT            # on the GPU machine (COMFYUI_PATH set: native ComfyUI too)
+#     benchmarks/gpu_check.sh OUT --dry-run  # anywhere: the same steps at tiny shapes on the CPU, the suite
+#                                            # on the meta device (no timings): the plumbing, before a GPU
+#
+# Steps (seconds allowed on the GPU):
+#   plan       the suite's --gpu-real memory, added up on the meta device and checked against this card  (60)
+#   suite      klein 4B and 9B at their real shapes, bf16: ours vs diffusers vs native (DiT cases, the
+#              step cache's skipped step, text, VAE, end to end)                                     (300)
+#   formats    every checkpoint format (fp8, nvfp4, int8, GGUF) against bf16, real klein 4B widths   (90)
+#   streaming  block streaming's cost against resident weights, real klein 4B widths                  (60)
+#   interrupt  a streamed run stopped mid-step (cancel, out of memory), then a clean run             (60)
+#   parallel   two processes, tensor and sequence parallel, against one (NCCL; needs two GPUs)       (60)
+set -uo pipefail
+
+OUT=${1:?usage: benchmarks/gpu_check.sh OUT [--dry-run]}
+DRY=${2:-}
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PYTHON=${PYTHON:-python}
+mkdir -p "$OUT"
+cd "$HERE"
+
+if [ "$DRY" = "--dry-run" ]; then
+    DEVICE=cpu DTYPE=float32 SCALE=(--heads 2 --depth 1 --single 1) SIZE=64 TOKENS=64 LIMIT=300
+    SUITE=(--gpu-real --dry-run --shapes klein-4b klein-9b --card-gb 80)
+else
+    DEVICE=cuda DTYPE=bfloat16 SCALE=(--heads 24 --depth 2 --single 8) SIZE=1024 TOKENS=4096 LIMIT=
+    SUITE=(--gpu-real --shapes klein-4b klein-9b --skip load --svg "$OUT/suite_bf16.svg")
+fi
+
+{
+    date -u +"%Y-%m-%dT%H:%M:%SZ"
+    uname -a
+    grep -m1 "model name" /proc/cpuinfo || true
+    grep -m1 -o -w -E "amx_bf16|avx512f|avx2" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+    "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+} > "$OUT/machine.txt" 2>&1
+
+declare -A STATUS
+step() {  # step NAME SECONDS COMMAND...: run it with a time limit, keep its log, record how it ended
+    local name=$1 seconds=${LIMIT:-$2}
+    shift 2
+    echo "== $name (up to ${seconds}s)"
+    local start=$SECONDS
+    timeout "$seconds" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    STATUS[$name]="{\"rc\": $rc, \"seconds\": $((SECONDS - start))}"
+    tail -n 4 "$OUT/$name.log"
+    [ $rc -eq 0 ] || echo "   $name failed (exit $rc): see $OUT/$name.log"
+}
+
+step plan 60 "$PYTHON" suite.py --gpu-real --dry-run --shapes klein-4b klein-9b --json "$OUT/plan.json"
+step suite 300 "$PYTHON" suite.py "${SUITE[@]}" --json "$OUT/suite_bf16.json"
+step formats 90 bash -c "set -o pipefail; '$PYTHON' formats_memory.py --device $DEVICE --dtype $DTYPE ${SCALE[*]} \
+    --tokens $TOKENS | tail -n 1 > '$OUT/formats.json'"
+step streaming 60 "$PYTHON" streaming_cost.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
+    --size "$SIZE" --repeats 3 --json "$OUT/streaming_cost.json"
+step interrupt 60 "$PYTHON" streaming_interrupt.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
+    --size "$SIZE" --steps 3 --json "$OUT/streaming_interrupt.json"
+step parallel 60 "$PYTHON" nccl_check.py --device "$DEVICE" --json "$OUT/parallel.json"
+
+{
+    echo "{"
+    echo "  \"dry_run\": $([ "$DRY" = "--dry-run" ] && echo true || echo false),"
+    first=1
+    for name in plan suite formats streaming interrupt parallel; do
+        [ $first -eq 1 ] || echo ","
+        first=0
+        printf '  "%s": %s' "$name" "${STATUS[$name]}"
+    done
+    echo
+    echo "}"
+} > "$OUT/summary.json"
+cat "$OUT/summary.json"
+for name in plan suite formats streaming interrupt parallel; do
+    case "${STATUS[$name]}" in *'"rc": 0,'*) ;; *) exit 1 ;; esac
+done
