@@ -6,14 +6,16 @@
 #     benchmarks/gpu_check.sh OUT --dry-run  # anywhere: the same steps at tiny shapes on the CPU, the suite
 #                                            # on the meta device (no timings): the plumbing, before a GPU
 #
-# Steps (seconds allowed on the GPU):
-#   plan       the suite's --gpu-real memory, added up on the meta device and checked against this card  (60)
+# Steps (seconds allowed on the GPU, 600 in all; a step past its limit is stopped, the others still run):
+#   plan       the suite's --gpu-real memory, added up on the meta device and checked against this card  (25)
 #   suite      klein 4B and 9B at their real shapes, bf16: ours vs diffusers vs native (DiT cases, the
-#              step cache's skipped step, text, VAE, end to end)                                     (300)
-#   formats    every checkpoint format (fp8, nvfp4, int8, GGUF) against bf16, real klein 4B widths   (90)
-#   streaming  block streaming's cost against resident weights, real klein 4B widths                  (60)
-#   interrupt  a streamed run stopped mid-step (cancel, out of memory), then a clean run             (60)
-#   parallel   two processes, tensor and sequence parallel, against one (NCCL; needs two GPUs)       (60)
+#              step cache's skipped step, text, VAE, end to end); its JSON grows shape by shape       (300)
+#   suite_fp8  the same DiT cases with fp8 block weights (ours and native: scaled fp8 as fp8 files
+#              store it; diffusers: its layerwise fp8 casting), edits with 4 references             (120)
+#   formats    every checkpoint format (fp8, nvfp4, int8, GGUF) against bf16, real klein 4B widths   (50)
+#   streaming  block streaming's cost against resident weights, real klein 4B widths                  (35)
+#   interrupt  a streamed run stopped mid-step (cancel, out of memory), then a clean run             (35)
+#   parallel   two processes, tensor and sequence parallel, against one (NCCL; needs two GPUs)       (35)
 set -uo pipefail
 
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT [--dry-run]}
@@ -26,9 +28,11 @@ cd "$HERE"
 if [ "$DRY" = "--dry-run" ]; then
     DEVICE=cpu DTYPE=float32 SCALE=(--heads 2 --depth 1 --single 1) SIZE=64 TOKENS=64 LIMIT=300
     SUITE=(--gpu-real --dry-run --shapes klein-4b klein-9b --card-gb 80)
+    FP8=("${SUITE[@]}" --weights fp8)
 else
     DEVICE=cuda DTYPE=bfloat16 SCALE=(--heads 24 --depth 2 --single 8) SIZE=1024 TOKENS=4096 LIMIT=
-    SUITE=(--gpu-real --shapes klein-4b klein-9b --skip load --svg "$OUT/suite_bf16.svg")
+    SUITE=(--gpu-real --shapes klein-4b klein-9b --rounds 2 --skip load --svg "$OUT/suite_bf16.svg")
+    FP8=(--gpu-real --shapes klein-4b klein-9b --rounds 2 --refs 4 --skip text vae e2e load --weights fp8)
 fi
 
 {
@@ -40,6 +44,7 @@ fi
     "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } > "$OUT/machine.txt" 2>&1
 
+STEPS="plan suite suite_fp8 formats streaming interrupt parallel"
 declare -A STATUS
 step() {  # step NAME SECONDS COMMAND...: run it with a time limit, keep its log, record how it ended
     local name=$1 seconds=${LIMIT:-$2}
@@ -53,21 +58,22 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, keep its log
     [ $rc -eq 0 ] || echo "   $name failed (exit $rc): see $OUT/$name.log"
 }
 
-step plan 60 "$PYTHON" suite.py --gpu-real --dry-run --shapes klein-4b klein-9b --json "$OUT/plan.json"
+step plan 25 "$PYTHON" suite.py --gpu-real --dry-run --shapes klein-4b klein-9b --json "$OUT/plan.json"
 step suite 300 "$PYTHON" suite.py "${SUITE[@]}" --json "$OUT/suite_bf16.json"
-step formats 90 bash -c "set -o pipefail; '$PYTHON' formats_memory.py --device $DEVICE --dtype $DTYPE ${SCALE[*]} \
+step suite_fp8 120 "$PYTHON" suite.py "${FP8[@]}" --json "$OUT/suite_fp8.json"
+step formats 50 bash -c "set -o pipefail; '$PYTHON' formats_memory.py --device $DEVICE --dtype $DTYPE ${SCALE[*]} \
     --tokens $TOKENS | tail -n 1 > '$OUT/formats.json'"
-step streaming 60 "$PYTHON" streaming_cost.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
+step streaming 35 "$PYTHON" streaming_cost.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
     --size "$SIZE" --repeats 3 --json "$OUT/streaming_cost.json"
-step interrupt 60 "$PYTHON" streaming_interrupt.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
+step interrupt 35 "$PYTHON" streaming_interrupt.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
     --size "$SIZE" --steps 3 --json "$OUT/streaming_interrupt.json"
-step parallel 60 "$PYTHON" nccl_check.py --device "$DEVICE" --json "$OUT/parallel.json"
+step parallel 35 "$PYTHON" nccl_check.py --device "$DEVICE" --json "$OUT/parallel.json"
 
 {
     echo "{"
     echo "  \"dry_run\": $([ "$DRY" = "--dry-run" ] && echo true || echo false),"
     first=1
-    for name in plan suite formats streaming interrupt parallel; do
+    for name in $STEPS; do
         [ $first -eq 1 ] || echo ","
         first=0
         printf '  "%s": %s' "$name" "${STATUS[$name]}"
@@ -76,6 +82,6 @@ step parallel 60 "$PYTHON" nccl_check.py --device "$DEVICE" --json "$OUT/paralle
     echo "}"
 } > "$OUT/summary.json"
 cat "$OUT/summary.json"
-for name in plan suite formats streaming interrupt parallel; do
+for name in $STEPS; do
     case "${STATUS[$name]}" in *'"rc": 0,'*) ;; *) exit 1 ;; esac
 done

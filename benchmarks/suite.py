@@ -618,6 +618,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--svg", type=Path, default=None)
     p.add_argument(
+        "--weights",
+        choices=["bf16", "fp8"],
+        default="bf16",
+        help="fp8: the FLUX.2 DiTs' block linears in float8_e4m3fn (ours and native: scaled, as fp8 files "
+        "store them; diffusers: its layerwise casting); the load section is skipped",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="build every model on the meta device, time nothing, and add up the device memory each stage "
@@ -672,11 +679,18 @@ def run_shape(args, label: str, config: Flux2Config, device, dtype, peak: float,
     print(f"  built {params / 1e6:.0f} M parameters in {time.perf_counter() - start:.1f} s", flush=True)
     out = {"config": vars(config) | {"axes_dim": list(config.axes_dim)}, "parameters": params}
     names = ["ours", "diffusers"] + (["native"] if with_native else [])
-    if "load" not in args.skip:  # before the others are built: each probe adds its own copy on the device
+    if (
+        "load" not in args.skip and args.weights == "bf16"
+    ):  # before the others are built: each probe adds its own copy on the device
         ledger.stage("load probe", theirs, bfl, extra=held_bytes(bfl), note="one DiT in the probe's process")
         if not dry:
             with tempfile.TemporaryDirectory() as tmp:
                 out["load"] = bench_load(args, theirs, bfl, names, Path(tmp))
+    if args.weights == "fp8":  # ours and native from an fp8 file's tensors, diffusers' layerwise fp8
+        ledger.stage("quantising to fp8", theirs, bfl, extra=held_bytes(bfl) // 2, note="fp8 copies")
+        bfl = sm.fp8_state_dict(bfl)
+        sm.fp8_storage(theirs, dtype)
+        ledger.stage("fp8 weights", theirs, bfl)
     impls = {"ours": sm.Ours(bfl, device, dtype), "diffusers": sm.Diffusers(theirs)}
     if with_native and not dry:
         impls["native"] = sm.Native(bfl, device, dtype)
@@ -789,7 +803,9 @@ def main() -> None:
         gflops = peak[args.dtype]["gflops"]
         shape = report["shapes"][label] = run(args, label, config, device, dtype, gflops, with_native)
         shape["memory"] = shape["memory"].stages
+        shape["weights"] = args.weights
         release(device)
+        save(args.json, report)  # after every shape: a run stopped by a time limit keeps what it finished
     report["total_s"] = time.perf_counter() - start
     report["our_attention"] = {str(k): v for k, v in attention.chosen().items()}  # measured choices
     for label, shape in report["shapes"].items():
@@ -812,9 +828,7 @@ def main() -> None:
                         f"({lr['load_peak_rss_above'] / 2**20:.0f} MB above the start)"
                     )
     print(f"total {report['total_s']:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+    save(args.json, report)
     if args.svg:
         args.svg.parent.mkdir(parents=True, exist_ok=True)
         label = next(iter(report["shapes"]))
@@ -824,6 +838,12 @@ def main() -> None:
             else ""
         )
         args.svg.write_text(plot(report["shapes"][label].get("dit", {}), title))
+
+
+def save(path: Path | None, report: dict) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
 
 
 def dry_run(args) -> None:
@@ -846,9 +866,7 @@ def dry_run(args) -> None:
         report["shapes"][label] = {"stages": ledger.stages, "peak_bytes": ledger.peak}
         if ledger.peak > HEADROOM * card:
             over.append(f"{label} ({ledger.peak / GIB:.1f} GiB)")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
+    save(args.json, report)
     if over:
         sys.exit(f"does not fit {card / GIB:.0f} GiB: {', '.join(over)}; run those shapes on a larger "
                  "card, or one shape per process with fewer sections (--skip)")  # fmt: skip

@@ -184,6 +184,31 @@ def build_diffusers_dit(config: Flux2Config, device, dtype, seed: int = 0):
     return model.eval().requires_grad_(False)
 
 
+def fp8_state_dict(bfl: dict) -> dict:
+    """``bfl`` with its block linears in float8_e4m3fn and a per-tensor ``weight_scale`` (amax / 448), in
+    ComfyUI's ``.comfy_quant`` layout (the form of the fp8 releases, which ours and native both load); the
+    other tensors are ``bfl``'s own. Each weight is quantised in its own dtype: no float32 copy is made."""
+    from quant_files import QUANTISED, marker
+
+    out = {}
+    for key, w in bfl.items():
+        layer = key[: -len(".weight")]
+        if not (key.endswith(".weight") and QUANTISED.fullmatch(layer)):
+            out[key] = w
+            continue
+        scale = (w.abs().amax().float() / 448.0).reshape(())
+        out[key] = (w / scale.to(w.dtype)).to(torch.float8_e4m3fn)
+        out[f"{layer}.weight_scale"] = scale
+        out[f"{layer}.comfy_quant"] = marker({"format": "float8_e4m3fn"})
+    return out
+
+
+def fp8_storage(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """diffusers' own fp8: its layerwise casting keeps every linear weight in float8_e4m3fn (no scale) and
+    casts it to ``dtype`` as the layer runs."""
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+
+
 def text_config(width: int) -> dict:
     """A full-depth (28-layer) Qwen3 of ``width``: the real Qwen3-4B / 8B shapes, else a small one."""
     if width in REAL_TEXT:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ["plan", "suite", "formats", "streaming", "interrupt", "parallel"]
+STEPS = ["plan", "suite", "suite_fp8", "formats", "streaming", "interrupt", "parallel"]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
