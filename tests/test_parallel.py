@@ -13,6 +13,7 @@ import json
 import os
 import re
 import socket
+import time
 import traceback
 from pathlib import Path
 
@@ -188,9 +189,41 @@ def _inputs(root: Path, case: str):
     return data["ctx"], ReferenceLatents.from_latents(data["refs"])
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join_as(rank: int, port: int) -> None:
+    """The environment torchrun gives rank ``rank`` of ``WORLD`` processes on this host."""
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+
+
+def run_workers(target, *args, timeout: float = 240) -> list[int | None]:
+    """``target(rank, *args)`` in ``WORLD`` spawned processes; their exit codes (None: still running at
+    ``timeout`` seconds, then killed)."""
+    context = mp.get_context("spawn")
+    workers = [context.Process(target=target, args=(rank, *args)) for rank in range(WORLD)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + timeout
+    for w in workers:
+        w.join(timeout=max(0.0, deadline - time.monotonic()))
+    codes = [w.exitcode for w in workers]
+    for w in workers:
+        if w.is_alive():
+            w.kill()
+            w.join()
+    return codes
+
+
 def _worker(rank: int, root: str, port: int) -> None:
     root = Path(root)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    join_as(rank, port)
     torch.set_num_threads(1)
     try:
         dist = init_distributed("cpu")
@@ -250,20 +283,9 @@ def _int8_slices(path: Path, dist) -> float:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("parallel")
     write_files(root)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = mp.get_context("spawn")
-    workers = [context.Process(target=_worker, args=(rank, str(root), port)) for rank in range(WORLD)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(timeout=240)
-    for w in workers:
-        if w.is_alive():
-            w.kill()
+    codes = run_workers(_worker, str(root), free_port())
     errors = [p.read_text() for p in sorted(root.glob("error.rank*.txt"))]
-    assert not errors and all(w.exitcode == 0 for w in workers), "\n".join(errors) or "a worker failed"
+    assert not errors and codes == [0] * WORLD, "\n".join(errors) or f"a worker failed: {codes}"
     reports = [json.loads((root / f"report.rank{r}.json").read_text()) for r in range(WORLD)]
     return root, reports
 

@@ -15,7 +15,7 @@ import torch
 from PIL import Image, ImageOps
 
 from ..errors import Flux2Error
-from ..limits import check_fits
+from ..limits import GB, check_fits
 from ..lora import read_lora
 from ..weights.hub import PAIRED_REPOS, MissingComponent, local_path, parse
 
@@ -108,14 +108,38 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def check_memory(device: torch.device, dit: int, text_encoder: int, activations: int, what: str) -> None:
-    """The DiT waits in RAM while the text encoder runs on ``device``; then the DiT samples there."""
+def check_memory(
+    device: torch.device,
+    dit: int,
+    text_encoder: int,
+    activations: int,
+    what: str,
+    processes: int = 1,
+    parallel: str | None = None,
+) -> None:
+    """The DiT waits in RAM while the text encoder runs on ``device``; then the DiT samples there. Under
+    ``--parallel`` each of the run's ``processes`` on this host holds its own ``dit`` bytes (a copy, or its
+    slices) in RAM at once; each has its own GPU, and rank 0 alone runs the text encoder."""
     advice = "lower --width/--height, --batch-size or the references, or use --dtype bfloat16"
+    held, ram_advice = "the diffusion model", advice
+    if processes > 1:
+        held = (
+            f"the diffusion model of all {processes} processes on this host ({processes} x {dit / GB:.1f} GB)"
+        )
+        tensor = (
+            "" if parallel == "tensor" else ", use --parallel tensor (each process holds about 1/N of it)"
+        )
+        ram_advice = (
+            f"start fewer processes on this host (--nproc-per-node){tensor}, or use --dtype bfloat16 or a "
+            "quantised model file (fp8, int8)"
+        )
     if device.type == "cpu":
-        check_fits(dit + max(text_encoder, activations), device, f"sampling {what} on the CPU", advice)
+        required = processes * dit + max(text_encoder, processes * activations)
+        where = f"on the CPU with {held}" if processes > 1 else "on the CPU"
+        check_fits(required, device, f"sampling {what} {where}", ram_advice)
         return
     check_fits(max(text_encoder, dit + activations), device, f"sampling {what}", advice)
-    check_fits(dit, torch.device("cpu"), "holding the diffusion model in RAM while the text runs", advice)
+    check_fits(processes * dit, torch.device("cpu"), f"holding {held} in RAM while the text runs", ram_advice)
 
 
 def image_size(image) -> tuple[int, int]:

@@ -158,12 +158,9 @@ def main(argv: list[str] | None = None) -> int:
 def generate(args: argparse.Namespace) -> list[Path]:
     """Run ``generate`` with parsed ``args``; returns the files written (none on the other ranks)."""
     fill = is_flux1_model(args.model)  # FLUX.1 Fill [dev]: its own run after the common checks
-    ranks = ranks_for(args, fill)
-    try:
+    with ranks_for(args, fill) as ranks:  # a process that stops tells the others, then leaves the group
         request = check_arguments(args, fill, ranks)
         return generate_fill(request) if fill else run_flux2(request, ranks)
-    finally:
-        ranks.close()
 
 
 if __name__ == "__main__":

@@ -177,7 +177,9 @@ def plan(request: Request, ranks: Ranks) -> Plan:
         in_flight = BLOCKS_IN_FLIGHT * dit_bytes // max(config.depth + config.depth_single_blocks, 1)
         dit_bytes = min(dit_bytes, args.resident_mb * 2**20 + in_flight)
     what = f"{width}x{height} with {len(request.images)} reference(s) ({num_ref_tokens} reference tokens)"
-    inputs.check_memory(request.device, dit_bytes, te_bytes, activations, what)
+    inputs.check_memory(
+        request.device, dit_bytes, te_bytes, activations, what, ranks.on_this_host, ranks.mode
+    )
     return Plan(config, variant, settings, text_encoder, vae_path)
 
 
@@ -291,7 +293,8 @@ def run_flux2(request: Request, ranks: Ranks) -> list[Path]:
     the_plan = plan(request, ranks)
     model, conditioning = encode_prompts(request, the_plan, ranks)
     vae, references, start, mask = encode_images(request, the_plan, ranks)
-    results = sample_prompts(request, the_plan, model, conditioning, references, start, mask, ranks)
+    with ranks.waiting("sampling"):  # the DiT's collectives: a process that left or stalls ends the others
+        results = sample_prompts(request, the_plan, model, conditioning, references, start, mask, ranks)
     if not ranks.is_main:
         return []  # the main process decodes and writes
     return decode_and_save(request, vae, results)

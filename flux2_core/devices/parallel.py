@@ -127,6 +127,13 @@ def broadcast_object(obj, src: int = 0, group=None):
     return box[0]
 
 
+def gather_object(obj, group=None) -> list:
+    """Every rank's ``obj`` (small picklable values), in rank order, on every rank."""
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
 def broadcast_tensor(tensor: torch.Tensor | None, src: int = 0, group=None) -> torch.Tensor | None:
     """Rank ``src``'s tensor (or None) on every rank, on the group's device; other ranks pass anything."""
     meta = broadcast_object(None if tensor is None else (tuple(tensor.shape), tensor.dtype), src, group)
