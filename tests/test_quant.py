@@ -463,14 +463,19 @@ def test_int8_matmul_of_an_all_zero_row_is_zero_in_every_dtype(dit, tmp_path, dt
 
 def test_int8_layers_fall_back_where_cudas_int8_matmul_refuses_the_shape(dit, tmp_path, monkeypatch):
     """On a GPU ``torch._int_mm`` refuses few rows (M <= 16) and widths that are not multiples of 8; the CPU
-    kernel takes them, so this stand-in with CUDA's rules puts the CPU tests on the GPU's fallback branch:
-    such calls multiply the dequantised weight instead, and the others still run in int8."""
+    kernel takes them, so this stand-in with CUDA's rules puts the CPU tests on the GPU's branch: the shapes
+    are checked before the call (the kernel is never handed one it refuses), such calls multiply the
+    dequantised weight instead, and the others still run in int8."""
+    from flux2_core.weights import quant
+
     real = torch._int_mm
 
     def cuda_rules(a, b):
-        if a.shape[0] <= 16 or a.shape[1] % 8 or b.shape[1] % 8:
-            raise RuntimeError("self.size(0) needs to be greater than 16, but got 1")
+        assert a.shape[0] > 16 and a.shape[1] % 8 == 0 and b.shape[1] % 8 == 0, "a shape CUDA refuses"
         return real(a, b)
+
+    def takes_as_on_cuda(x, out_features):
+        return x.shape[0] > 16 and x.shape[1] % 8 == 0 and out_features % 8 == 0
 
     sd = bfl_state_dict(dit)
     write_quantised(sd, tmp_path / "int8.safetensors", "int8_tensorwise")
@@ -482,6 +487,7 @@ def test_int8_layers_fall_back_where_cudas_int8_matmul_refuses_the_shape(dit, tm
     with torch.no_grad():
         int8_few, int8_many = layer(few), layer(many)
         monkeypatch.setattr(torch, "_int_mm", cuda_rules)
+        monkeypatch.setattr(quant, "int_mm_takes", takes_as_on_cuda)
         assert layer.source.linear(layer, few.reshape(-1, layer.in_features)) is None  # the fallback
         deq = torch.nn.functional.linear(few, layer.compute_weight(torch.float32, CPU))
         torch.testing.assert_close(layer(few), deq)  # dequantise-then-matmul, not int8

@@ -302,6 +302,14 @@ def _itemsize(dtype) -> int:
     return dtype.itemsize if isinstance(dtype, torch.dtype) else 1  # bytes of a type torch lacks: 1 each
 
 
+def int_mm_takes(x: torch.Tensor, out_features: int) -> bool:
+    """Whether ``torch._int_mm`` takes ``x`` [M, K] times a [K, out_features] int8 weight on ``x``'s device:
+    CUDA's kernel needs more than 16 rows and both widths in multiples of 8 (the CPU's takes any shape)."""
+    if x.device.type != "cuda":
+        return True
+    return x.shape[0] > 16 and x.shape[1] % 8 == 0 and out_features % 8 == 0
+
+
 class QuantWeight:
     """The weight source of a quantised linear layer: its stored tensors, dequantised on the compute device
     at every call and never written back (so LoRA patches land on a float copy, and memory stays near the
@@ -324,13 +332,12 @@ class QuantWeight:
         if g:
             x = (x.reshape(-1, i // g, g) @ hadamard(g, x.device).to(x.dtype)).reshape(x.shape)
         x2 = x.reshape(-1, i)
+        if not int_mm_takes(x2, q.shape[0]):
+            return None  # dequantise-then-matmul instead
         # the floor stays a normal number of x's dtype (1e-30 is 0 in float16: an all-zero row gave 0 / 0)
         sx = (x2.abs().amax(-1, keepdim=True).float() / 127).clamp(min=max(1e-30, torch.finfo(x2.dtype).tiny))
         xq = (x2 / sx.to(x2.dtype)).round().clamp(-128, 127).to(torch.int8)
-        try:
-            acc = torch._int_mm(xq, q.t())
-        except RuntimeError:  # shapes the int8 kernel does not take (e.g. a few rows on a GPU)
-            return None
+        acc = torch._int_mm(xq, q.t())
         y = (acc.float() * (sx * scale.float().reshape(1, -1))).to(x.dtype)
         return y.reshape(*x.shape[:-1], q.shape[0])[..., : layer.out_features]
 
