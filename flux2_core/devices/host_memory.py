@@ -99,18 +99,14 @@ class HostArena:
         return sum(n for _, n in self._locked)
 
     def unpin(self) -> None:
-        """Unlock every block now; the buffers stay, in ordinary memory. The log says what is left locked."""
-        given = self.locked_bytes
+        """Unlock every block now; the buffers stay, in ordinary memory."""
         self._finalizer()
-        if given:
-            log.info(
-                "streaming off: %d MiB of page-locked host memory unlocked (%d MiB still locked by other "
-                "streamed models)", given >> 20, locked_bytes() >> 20
-            )  # fmt: skip
 
 
 def _unlock(lock: CudaRegistrar | None, locked: list[tuple[int, int]]) -> None:
-    """Unlock ``locked`` (an arena's ranges) before its memory can go back to the allocator."""
+    """Unlock ``locked`` (an arena's ranges) before its memory can go back to the allocator (streaming
+    turned off, or the streamed model dropped); the log says how much, and what streamed models still hold."""
+    given = sum(n for _, n in locked)
     while locked:
         ptr, nbytes = locked.pop()
         _LOCKED["bytes"] -= nbytes
@@ -120,3 +116,8 @@ def _unlock(lock: CudaRegistrar | None, locked: list[tuple[int, int]]) -> None:
             ok = True
         if not ok:
             log.warning("could not unlock %d MiB of streamed host memory", nbytes >> 20)
+    if given:
+        log.info(
+            "streamed blocks: %d MiB of page-locked host memory unlocked (%d MiB still locked by other "
+            "streamed models)", given >> 20, _LOCKED["bytes"] >> 20
+        )  # fmt: skip
