@@ -185,6 +185,34 @@ def test_streaming_and_tiling_flags_keep_the_image(files, tmp_path):
     assert code == 0 and np.array_equal(np.asarray(Image.open(out)).astype(int), plain)
 
 
+def test_a_streamed_run_checks_that_ram_holds_the_whole_model(files, tmp_path, monkeypatch):
+    """Streaming puts only the resident part and the blocks in flight on the device, but the whole DiT stays
+    in RAM: the memory check gets both, and RAM that cannot hold the whole model is refused, with the fix."""
+    from flux2_core import Flux2Error, limits
+    from flux2_core.cli import inputs
+
+    seen, check = [], inputs.check_memory
+    monkeypatch.setattr(inputs, "check_memory", lambda *a: seen.append(a) or check(*a))
+    code, out = _run(files, tmp_path, "--offload", "stream", "--resident-mb", "0", "--width", "64",
+                     "--height", "64")  # fmt: skip
+    assert code == 0 and out.exists()
+    dit, in_ram = seen[0][1], seen[0][-1]
+    # the tiny DiT has 4 blocks: 3 in flight of 4 (plus its small parts) on the device, all of it in RAM
+    assert in_ram >= files["paths"]["model"].stat().st_size * 0.9 and dit < in_ram
+    gb = limits.GB
+    free = {"cpu": 10 * gb, "cuda": 40 * gb}
+    monkeypatch.setattr(limits, "available_memory", lambda device: free[device.type])
+    gpu = torch.device("cuda")
+    check(gpu, 3 * gb, 8 * gb, 2 * gb, "x", 1, None, 9 * gb)  # 9 GB in 10 GB of RAM, 5 GB on the GPU
+    with pytest.raises(Flux2Error) as refused:
+        check(gpu, 3 * gb, 8 * gb, 2 * gb, "x", 1, None, 18 * gb)  # a 9B DiT streamed: 18 GB in RAM
+    message = str(refused.value)
+    assert "the streamed diffusion model in RAM while the text runs needs about 18.0 GB" in message
+    assert "smaller model file" in message
+    with pytest.raises(Flux2Error, match="on the CPU needs about 20.0 GB"):  # streamed onto the CPU itself
+        check(torch.device("cpu"), 3 * gb, 2 * gb, 2 * gb, "x", 1, None, 18 * gb)
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(("--vae-tile", "100"), "VAE tile size 100 is not allowed"), (("--resident-mb", "-1"), "is negative")],

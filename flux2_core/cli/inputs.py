@@ -116,10 +116,14 @@ def check_memory(
     what: str,
     processes: int = 1,
     parallel: str | None = None,
+    in_ram: int | None = None,
 ) -> None:
     """The DiT waits in RAM while the text encoder runs on ``device``; then the DiT samples there. Under
     ``--parallel`` each of the run's ``processes`` on this host holds its own ``dit`` bytes (a copy, or its
-    slices) in RAM at once; each has its own GPU, and rank 0 alone runs the text encoder."""
+    slices) in RAM at once; each has its own GPU, and rank 0 alone runs the text encoder. ``in_ram``: the
+    DiT's bytes in RAM when more than ``dit`` goes there (streaming keeps the whole model in RAM while only
+    its resident part and the blocks in flight are on the device)."""
+    ram = dit if in_ram is None else in_ram
     advice = "lower --width/--height, --batch-size or the references, or use --dtype bfloat16"
     held, ram_advice = "the diffusion model", advice
     if processes > 1:
@@ -134,12 +138,15 @@ def check_memory(
             "quantised model file (fp8, int8)"
         )
     if device.type == "cpu":
-        required = processes * dit + max(text_encoder, processes * activations)
+        required = processes * ram + max(text_encoder, processes * activations)
         where = f"on the CPU with {held}" if processes > 1 else "on the CPU"
         check_fits(required, device, f"sampling {what} {where}", ram_advice)
         return
     check_fits(max(text_encoder, dit + activations), device, f"sampling {what}", advice)
-    check_fits(processes * dit, torch.device("cpu"), f"holding {held} in RAM while the text runs", ram_advice)
+    if in_ram is not None and processes == 1:
+        held = "the streamed diffusion model"
+        ram_advice = "use a smaller model file (--dtype bfloat16, fp8 or a GGUF quantisation)"
+    check_fits(processes * ram, torch.device("cpu"), f"holding {held} in RAM while the text runs", ram_advice)
 
 
 def image_size(image) -> tuple[int, int]:

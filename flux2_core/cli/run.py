@@ -173,12 +173,13 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     pixels = sum(w * h for w, h in request.sizes) + (width * height if inpaint else 0)
     num_ref_tokens = pixels // FLUX2.size_multiple**2
     activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens)
-    if args.offload == "stream":  # what stays on the device, plus the blocks in flight
+    in_ram = None
+    if args.offload == "stream":  # what stays on the device, plus the blocks in flight; all of it in RAM
         in_flight = BLOCKS_IN_FLIGHT * dit_bytes // max(config.depth + config.depth_single_blocks, 1)
-        dit_bytes = min(dit_bytes, args.resident_mb * 2**20 + in_flight)
+        in_ram, dit_bytes = dit_bytes, min(dit_bytes, args.resident_mb * 2**20 + in_flight)
     what = f"{width}x{height} with {len(request.images)} reference(s) ({num_ref_tokens} reference tokens)"
     inputs.check_memory(
-        request.device, dit_bytes, te_bytes, activations, what, ranks.on_this_host, ranks.mode
+        request.device, dit_bytes, te_bytes, activations, what, ranks.on_this_host, ranks.mode, in_ram
     )
     return Plan(config, variant, settings, text_encoder, vae_path)
 
