@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from flux2_core.sampling import ACTIVATION_ROWS
+
 GIB = 2**30
 HEADROOM = 0.95  # of the card: the CUDA context, the allocator's rounding and cached blocks take the rest
 
@@ -46,9 +48,9 @@ def held_bytes(*objs, device: torch.device | None = None) -> int:
 
 
 def step_allowance(config, dtype: torch.dtype, tokens: int) -> int:
-    """Activations of the largest step, for whichever implementation runs it: twice our own estimate (24
-    hidden-wide rows a token; diffusers' measured peak is up to twice ours)."""
-    return 2 * tokens * config.hidden_size * 24 * (torch.finfo(dtype).bits // 8)
+    """Activations of the largest step, for whichever implementation runs it: twice our own estimate
+    (``sampling_memory``'s rows a token; diffusers' measured peak is up to twice ours)."""
+    return 2 * tokens * config.hidden_size * ACTIVATION_ROWS * (torch.finfo(dtype).bits // 8)
 
 
 def vae_allowance(size: int, dtype: torch.dtype) -> int:

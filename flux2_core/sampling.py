@@ -101,6 +101,9 @@ def estimate_memory(
     return sampling_memory(model.config, model.variant, model.transformer.dtype, settings, num_ref) + streamed
 
 
+ACTIVATION_ROWS = 24  # hidden-wide rows a token holds at a step's peak (``sampling_memory``)
+
+
 def sampling_memory(
     config, variant, dtype: torch.dtype, settings: SampleSettings, num_ref_tokens: int
 ) -> int:
@@ -113,7 +116,7 @@ def sampling_memory(
     m = FLUX2.size_multiple
     itemsize = torch.finfo(dtype).bits // 8
     tokens = FLUX2.max_text_tokens + (settings.height // m) * (settings.width // m) + num_ref_tokens
-    activations = settings.batch_size * tokens * config.hidden_size * 24 * itemsize
+    activations = settings.batch_size * tokens * config.hidden_size * ACTIVATION_ROWS * itemsize
     kv_cache = 0
     if variant.kv_cache:  # K and V of every reference token in every block, kept for the whole run
         kv_cache = (

@@ -329,10 +329,9 @@ class FakeLock:
 
 @pytest.fixture
 def lock(monkeypatch):
-    from flux2_core.devices import host_memory, streaming
+    from flux2_core.devices import streaming
 
     fake = FakeLock()
-    monkeypatch.setattr(host_memory, "registrar", lambda: fake)
     monkeypatch.setattr(streaming, "registrar", lambda: fake)
     return fake
 

@@ -54,9 +54,10 @@ def locked_bytes() -> int:
 
 class HostArena:
     """The CPU memory of one model's streamed blocks: ``block(i)`` is block i's uint8 buffer, ``pinned(i)``
-    whether it is page-locked. ``nbytes``: the whole allocation (the blocks, each rounded up to a page)."""
+    whether it is page-locked (by ``lock``, a ``registrar()``; None: never). ``nbytes``: the whole
+    allocation (the blocks, each rounded up to a page)."""
 
-    def __init__(self, sizes: list[int], pin: bool):
+    def __init__(self, sizes: list[int], lock: CudaRegistrar | None):
         spans, offset = [], 0
         for size in sizes:
             spans.append((offset, size))
@@ -66,7 +67,8 @@ class HostArena:
         base = -self._buffer.data_ptr() % PAGE  # the first page boundary inside the allocation
         self._blocks = [self._buffer[base + start : base + start + size] for start, size in spans]
         self._locked: list[tuple[int, int]] = []  # (pointer, bytes) of each page-locked block
-        self._lock = registrar() if pin else None
+        self._pinned: set[int] = set()  # the indices of the page-locked blocks
+        self._lock = lock
         self._finalizer = weakref.finalize(self, _unlock, self._lock, self._locked)
 
     def block(self, index: int) -> torch.Tensor:
@@ -77,10 +79,11 @@ class HostArena:
         if self._lock is None:
             return
         refused = 0
-        for view in self._blocks:
+        for index, view in enumerate(self._blocks):
             ptr, nbytes = view.data_ptr(), -(-max(view.numel(), 1) // PAGE) * PAGE
             if self._lock.register(ptr, nbytes):
                 self._locked.append((ptr, nbytes))
+                self._pinned.add(index)
                 _LOCKED["bytes"] += nbytes
             else:
                 refused += nbytes
@@ -91,16 +94,12 @@ class HostArena:
             )  # fmt: skip
 
     def pinned(self, index: int) -> bool:
-        ptr = self._blocks[index].data_ptr()
-        return any(p == ptr for p, _ in self._locked)
-
-    @property
-    def locked_bytes(self) -> int:
-        return sum(n for _, n in self._locked)
+        return index in self._pinned
 
     def unpin(self) -> None:
         """Unlock every block now; the buffers stay, in ordinary memory."""
         self._finalizer()
+        self._pinned.clear()
 
 
 def _unlock(lock: CudaRegistrar | None, locked: list[tuple[int, int]]) -> None:

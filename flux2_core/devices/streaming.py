@@ -305,7 +305,7 @@ def enable_streaming(
     device = _normal(device)
     if pin is None:
         pin = device.type == "cuda"
-    pin = bool(pin) and registrar() is not None
+    lock = registrar() if pin else None
     streamer = BlockStreamer(transformer, device)
     blocks = list(transformer.blocks())
     heavy = [sum(t.nbytes for _, layer in linears(b) for t in _stored(layer).values()) for b in blocks]
@@ -319,7 +319,7 @@ def enable_streaming(
         else:
             streamed.append(position)
     layouts = {p: _layout(blocks[p]) for p in streamed}
-    streamer.arena = HostArena([size for _, size in layouts.values()], pin)
+    streamer.arena = HostArena([size for _, size in layouts.values()], lock)
     for k, position in enumerate(streamed):  # each block's original tensors go once its copy is in
         streamer._stream(position, layouts.pop(position)[0], streamer.arena.block(k))
     streamer.arena.pin()

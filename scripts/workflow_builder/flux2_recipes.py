@@ -19,16 +19,22 @@ EDIT_SIZE = (
     "at most `max_megapixels`, 1.0 by default, and to multiples of 16). Set them to a number to force a size."
 )
 
+# the model, its text encoder and their default steps and guidance, shared by the recipes of each model
+KLEIN_4B = dict(
+    dit="flux-2-klein-4b.safetensors", text_encoder="qwen_3_4b.safetensors", variant="distilled", steps=4,
+    guidance=1.0,
+)  # fmt: skip
+KLEIN_4B_BASE = dict(
+    dit="flux-2-klein-base-4b.safetensors", text_encoder="qwen_3_4b.safetensors", variant="base", steps=50,
+    guidance=4.0,
+)  # fmt: skip
+
 RECIPES = (
     Recipe(
         name="flux2_klein_4b_lora",
         title="FLUX.2 [klein] 4B: text to image with a LoRA",
         summary="Text to image with the distilled klein 4B model and a LoRA on top (its report shown).",
-        dit="flux-2-klein-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="distilled",
-        steps=4,
-        guidance=1.0,
+        **KLEIN_4B,
         prompt=FOX,
         settings=DISTILLED_SETTINGS,
         lora="flux-2-klein-4b-lora.safetensors",
@@ -37,11 +43,7 @@ RECIPES = (
         name="flux2_klein_4b_text_to_image",
         title="FLUX.2 [klein] 4B: text to image",
         summary="Text to image with the distilled klein 4B model (Apache-2.0), the fastest klein.",
-        dit="flux-2-klein-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="distilled",
-        steps=4,
-        guidance=1.0,
+        **KLEIN_4B,
         prompt=FOX,
         settings=DISTILLED_SETTINGS,
     ),
@@ -52,11 +54,7 @@ RECIPES = (
             "Text to image with the undistilled klein 4B **base** model: slower (real classifier-free "
             "guidance, two model passes per step) but more varied; the model to fine-tune or train LoRAs on."
         ),
-        dit="flux-2-klein-base-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="base",
-        steps=50,
-        guidance=4.0,
+        **KLEIN_4B_BASE,
         prompt=FOX,
         negative="",
         settings=(
@@ -71,11 +69,7 @@ RECIPES = (
             "Edits one image following the prompt, with the distilled klein 4B model. "
             "Load your image in *Reference image 1*."
         ),
-        dit="flux-2-klein-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="distilled",
-        steps=4,
-        guidance=1.0,
+        **KLEIN_4B,
         prompt=(
             "Turn this drawing into a photograph: a young woman with blonde hair in a pink dress standing on "
             "a green meadow under a blue sky with white clouds. Keep the pose and the composition."
@@ -96,11 +90,7 @@ RECIPES = (
             "it (the sampler refuses, before it starts, a set that will not fit in memory); for fewer, "
             "bypass (Ctrl+B) the last pairs' *Reference Encode* nodes or delete them."
         ),
-        dit="flux-2-klein-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="distilled",
-        steps=4,
-        guidance=1.0,
+        **KLEIN_4B,
         prompt=(
             "The person from image 1 wearing the outfit from image 2 and the hat from image 4, standing "
             "in the place shown in image 3. Natural light, photorealistic."
@@ -149,11 +139,7 @@ RECIPES += (
             "Redraws an image following the prompt, keeping its layout and colours: the sampler starts from "
             "the image's latent instead of pure noise. Load your image in *Image to start from*."
         ),
-        dit="flux-2-klein-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="distilled",
-        steps=4,
-        guidance=1.0,
+        **KLEIN_4B,
         prompt="A watercolour painting of the same scene, soft washes of colour, paper texture.",
         width=0,
         height=0,
@@ -173,11 +159,7 @@ RECIPES += (
             "original, so every pixel outside the mask stays exactly as it was. Load the image in *Image to "
             "inpaint*, then right-click it and choose *Open in MaskEditor* to paint the area to repaint."
         ),
-        dit="flux-2-klein-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="distilled",
-        steps=4,
-        guidance=1.0,
+        **KLEIN_4B,
         prompt="A small wooden table with a vase of red tulips.",
         width=0,
         height=0,
@@ -198,11 +180,7 @@ RECIPES += (
             "256 pixels on the right; any side, multiples of 16) and the mask, fading over `feather` pixels "
             "into the original edge; the original pixels come back unchanged."
         ),
-        dit="flux-2-klein-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="distilled",
-        steps=4,
-        guidance=1.0,
+        **KLEIN_4B,
         prompt="The same scene continued to the right, seamless, same light and style.",
         width=0,
         height=0,
@@ -216,6 +194,7 @@ RECIPES += (
 # FLUX.2 [dev]: the same nodes, the dev DiT and its Mistral text encoder.
 
 DEV_DIT, DEV_TEXT_ENCODER = "flux2-dev.safetensors", "mistral_3_small_flux2_bf16.safetensors"
+DEV = dict(dit=DEV_DIT, text_encoder=DEV_TEXT_ENCODER, variant="dev", steps=50, guidance=4.0)
 DEV_SETTINGS = (
     "FLUX.2 [dev]: **50 steps, guidance 4.0**. The guidance value is embedded in the model (guidance-"
     "distilled): one model pass per step, no negative prompt. 28 steps is a good trade-off (BFL). Width and "
@@ -230,11 +209,7 @@ RECIPES += (
             "Text to image with **FLUX.2 [dev]**, Black Forest Labs' 32B model (FLUX.2 [dev] non-commercial "
             "licence), and its Mistral-Small-3.2-24B text encoder."
         ),
-        dit=DEV_DIT,
-        text_encoder=DEV_TEXT_ENCODER,
-        variant="dev",
-        steps=50,
-        guidance=4.0,
+        **DEV,
         prompt=FOX,
         settings=DEV_SETTINGS,
         family="dev",
@@ -249,11 +224,7 @@ RECIPES += (
             "more references (BFL recommends at most 6 for dev), copy a *Load Image* + *Reference Encode* "
             "pair and chain it; for fewer, bypass (Ctrl+B) the last pair's *Reference Encode* or delete it."
         ),
-        dit=DEV_DIT,
-        text_encoder=DEV_TEXT_ENCODER,
-        variant="dev",
-        steps=50,
-        guidance=4.0,
+        **DEV,
         prompt=(
             "The person from image 1 wearing the jacket from image 2, standing in the street shown in image "
             "3. Natural light, photorealistic."
@@ -274,11 +245,7 @@ RECIPES += (
             "SamplerCustomAdvanced. "
             "Swap the sampler, the scheduler or the guider, or add model patches, as with any native model."
         ),
-        dit="flux-2-klein-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="distilled",
-        steps=4,
-        guidance=1.0,
+        **KLEIN_4B,
         prompt=FOX,
         settings=(
             DISTILLED_SETTINGS + " With euler and Flux2Scheduler this graph gives the FLUX.2 Sampler's image "
@@ -296,11 +263,7 @@ RECIPES += (
             "(CFG Guider with an empty negative prompt) with ComfyUI's **EasyCache** on the model: steps "
             "whose input barely changes reuse the last output change instead of running the model."
         ),
-        dit="flux-2-klein-base-4b.safetensors",
-        text_encoder="qwen_3_4b.safetensors",
-        variant="base",
-        steps=50,
-        guidance=4.0,
+        **KLEIN_4B_BASE,
         prompt=FOX,
         negative="",
         settings=(
