@@ -71,8 +71,3 @@ def output_size(
         return w * FLUX2.size_multiple, h * FLUX2.size_multiple, batch
     first = references.pixel_size(0) if references is not None and len(references) else None
     return (*core_output_size(width, height, first), batch_size)
-
-
-def with_ui_text(result: tuple, text: str):
-    """A node's outputs, with ``text`` shown on the node (and kept in the prompt's history) when not empty."""
-    return {"ui": {"text": [text]}, "result": result} if text else result

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..flux2_core import FLUX2
-from . import convert, host, types
-from .types import socket
+from . import convert, host, sockets, types
+from .sockets import io
 
 TILE_SIZE_TOOLTIP = (
     "Decode in square tiles of this many pixels, for large images on small cards (memory then grows with the "
@@ -19,35 +19,39 @@ TILE_OVERLAP_TOOLTIP = (
 )
 
 
-def tile_inputs(size_tooltip: str = TILE_SIZE_TOOLTIP) -> dict:
+def tile_inputs(size_tooltip: str = TILE_SIZE_TOOLTIP) -> list:
     """The optional ``tile_size`` and ``tile_overlap`` inputs of the nodes that run the VAE."""
-    return {
-        "tile_size": socket("INT", size_tooltip, default=0, min=0, max=8192, step=16),
-        "tile_overlap": socket("INT", TILE_OVERLAP_TOOLTIP, default=64, min=0, max=512, step=16),
-    }
+    return [
+        io.Int.Input("tile_size", optional=True, tooltip=size_tooltip, default=0, min=0, max=8192, step=16),
+        io.Int.Input(
+            "tile_overlap", optional=True, tooltip=TILE_OVERLAP_TOOLTIP, default=64, min=0, max=512, step=16
+        ),
+    ]
 
 
-class Flux2KleinDecode:
-    DESCRIPTION = "Decodes FLUX.2 latents (ours or native FLUX.2 ones) to images with the FLUX.2 VAE."
-    CATEGORY = "flux2_klein/latent"
-    RETURN_TYPES = (types.IMAGE,)
-    RETURN_NAMES = ("image",)
-    OUTPUT_TOOLTIPS = ("Images [batch, height, width, 3] in 0..1.",)
-    FUNCTION = "decode"
+IMAGE_OUTPUT = "Images [batch, height, width, 3] in 0..1."
+
+
+class Flux2KleinDecode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinDecode",
+            display_name="FLUX.2 Decode",
+            category="flux2_klein/latent",
+            description="Decodes FLUX.2 latents (ours or native FLUX.2 ones) to images with the FLUX.2 VAE.",
+            inputs=[
+                sockets.Vae.Input("vae", tooltip="From FLUX.2 VAE Loader."),
+                io.Latent.Input("latent", tooltip="FLUX.2 latents, e.g. from FLUX.2 Sampler."),
+                *tile_inputs(),
+            ],
+            outputs=[io.Image.Output(display_name="image", tooltip=IMAGE_OUTPUT)],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "vae": socket(types.VAE, "From FLUX.2 VAE Loader."),
-                "latent": socket(types.LATENT, "FLUX.2 latents, e.g. from FLUX.2 Sampler."),
-            },
-            "optional": tile_inputs(),
-        }
-
-    def decode(self, vae: types.KleinVAE, latent: dict, tile_size: int = 0, tile_overlap: int = 64):
+    def execute(cls, vae: types.KleinVAE, latent: dict, tile_size: int = 0, tile_overlap: int = 64):
         samples = convert.latent_samples(latent)
-        return (decode_samples(vae, samples, FLUX2.size_multiple, tile_size, tile_overlap),)
+        return io.NodeOutput(decode_samples(vae, samples, FLUX2.size_multiple, tile_size, tile_overlap))
 
 
 def decode_samples(vae, samples, scale: int, tile_size: int, tile_overlap: int):

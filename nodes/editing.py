@@ -19,33 +19,43 @@ from ..flux2_core import (
     prepare_inpaint,
     prepare_reference,
 )
-from . import convert, host, types
-from .types import socket
+from . import convert, host, sockets, types
+from .sockets import io
 
 PAD = {"default": 0, "min": 0, "max": 4096, "step": FLUX2.size_multiple}
+INPAINT = "flux2_klein/inpaint"
+CROP_TO_MASK_TOOLTIP = (
+    "Sample only the mask's box plus the context, at up to about 1 megapixel (a small mask on a big image "
+    "is enlarged up to 4x for detail); off: the whole image, at most 1 MP."
+)
 
 
-class Flux2KleinEncode:
-    DESCRIPTION = (
-        "Encodes images to FLUX.2 latents (centre-cropped to multiples of 16), the start of an img2img run: "
-        "connect the latent to the sampler and set its denoise below 1."
-    )
-    CATEGORY = "flux2_klein/latent"
-    RETURN_TYPES = (types.LATENT,)
-    RETURN_NAMES = ("latent",)
-    OUTPUT_TOOLTIPS = ("FLUX.2 latents [batch, 128, height/16, width/16].",)
-    FUNCTION = "encode"
+class Flux2KleinEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinEncode",
+            display_name="FLUX.2 Encode",
+            category="flux2_klein/latent",
+            description=(
+                "Encodes images to FLUX.2 latents (centre-cropped to multiples of 16), the start of an "
+                "img2img run: connect the latent to the sampler and set its denoise below 1."
+            ),
+            inputs=[
+                sockets.Vae.Input("vae", tooltip="From FLUX.2 VAE Loader."),
+                io.Image.Input(
+                    "image", tooltip="The images to start from (a batch gives a batch of latents)."
+                ),
+            ],
+            outputs=[
+                io.Latent.Output(
+                    display_name="latent", tooltip="FLUX.2 latents [batch, 128, height/16, width/16]."
+                )
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "vae": socket(types.VAE, "From FLUX.2 VAE Loader."),
-                "image": socket(types.IMAGE, "The images to start from (a batch gives a batch of latents)."),
-            }
-        }
-
-    def encode(self, vae: types.KleinVAE, image):
+    def execute(cls, vae: types.KleinVAE, image) -> io.NodeOutput:
         height, width = image.shape[1:3]
         m = FLUX2.size_multiple
         check_size(width // m * m, height // m * m)  # a side the sampler would refuse is refused here
@@ -58,53 +68,65 @@ class Flux2KleinEncode:
                 latents.append(vae.vae.encode(pixels).float())
         if len({tuple(lat.shape) for lat in latents}) > 1:
             raise Flux2Error("the images of the batch have different sizes: encode them separately")
-        return ({"samples": torch.cat(latents).to(host.intermediate_device())},)
+        return io.NodeOutput({"samples": torch.cat(latents).to(host.intermediate_device())})
 
 
-class Flux2KleinInpaintPrepare:
-    DESCRIPTION = (
-        "Prepares an inpaint: the image (or, with crop_to_mask, the mask's box plus some context) at the "
-        "model's resolution, its latent with the mask for the sampler, the references with the image first, "
-        "and what FLUX.2 Composite needs to put the result back over the original."
-    )
-    CATEGORY = "flux2_klein/inpaint"
-    RETURN_TYPES = (types.LATENT, types.REFERENCES, types.STITCH)
-    RETURN_NAMES = ("latent", "references", "stitch")
-    OUTPUT_TOOLTIPS = (
-        "The source latent with its noise_mask: connect it to the sampler's latent input.",
-        "The source image as reference 1, then the extra references: connect them to the sampler.",
-        "For FLUX.2 Composite.",
-    )
-    FUNCTION = "prepare"
-
+class Flux2KleinInpaintPrepare(io.ComfyNode):
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "vae": socket(types.VAE, "From FLUX.2 VAE Loader."),
-                "image": socket(types.IMAGE, "The image to inpaint (one image)."),
-                "mask": socket(types.MASK, "White / 1 = repaint, black / 0 = keep (e.g. Load Image's MASK)."),
-            },
-            "optional": {
-                "references": socket(types.REFERENCES, "Extra references, after the image itself."),
-                "grow_mask": socket("INT", "Grow the mask by this many pixels.", default=0, min=0, max=256),
-                "crop_to_mask": socket(
-                    "BOOLEAN",
-                    "Sample only the mask's box plus the context, at up to about 1 megapixel (a small mask "
-                    "on a big image is enlarged up to 4x for detail); off: the whole image, at most 1 MP.",
-                    default=False,
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinInpaintPrepare",
+            display_name="FLUX.2 Inpaint Prepare",
+            category=INPAINT,
+            description=(
+                "Prepares an inpaint: the image (or, with crop_to_mask, the mask's box plus some context) at "
+                "the model's resolution, its latent with the mask for the sampler, the references with the "
+                "image first, and what FLUX.2 Composite needs to put the result back over the original."
+            ),
+            inputs=[
+                sockets.Vae.Input("vae", tooltip="From FLUX.2 VAE Loader."),
+                io.Image.Input("image", tooltip="The image to inpaint (one image)."),
+                io.Mask.Input(
+                    "mask", tooltip="White / 1 = repaint, black / 0 = keep (e.g. Load Image's MASK)."
                 ),
-                "context": socket(
-                    "INT",
-                    "Pixels of context around the mask's box (crop_to_mask).",
+                sockets.References.Input(
+                    "references", optional=True, tooltip="Extra references, after the image itself."
+                ),
+                io.Int.Input(
+                    "grow_mask",
+                    optional=True,
+                    tooltip="Grow the mask by this many pixels.",
+                    default=0,
+                    min=0,
+                    max=256,
+                ),  # fmt: skip
+                io.Boolean.Input("crop_to_mask", optional=True, tooltip=CROP_TO_MASK_TOOLTIP, default=False),
+                io.Int.Input(
+                    "context",
+                    optional=True,
+                    tooltip="Pixels of context around the mask's box (crop_to_mask).",
                     default=64,
                     min=0,
                     max=2048,
+                ),  # fmt: skip
+            ],
+            outputs=[
+                io.Latent.Output(
+                    display_name="latent",
+                    tooltip="The source latent with its noise_mask: connect it to the sampler's latent "
+                    "input.",
                 ),
-            },
-        }
+                sockets.References.Output(
+                    display_name="references",
+                    tooltip="The source image as reference 1, then the extra references: connect them to the "
+                    "sampler.",
+                ),
+                sockets.Stitch.Output(display_name="stitch", tooltip="For FLUX.2 Composite."),
+            ],
+        )
 
-    def prepare(self, vae: types.KleinVAE, image, mask, references=None, grow_mask=0, crop_to_mask=False,
+    @classmethod
+    def execute(cls, vae: types.KleinVAE, image, mask, references=None, grow_mask=0, crop_to_mask=False,
                 context=64):  # fmt: skip
         if image.shape[0] != 1 or (mask.ndim == 3 and mask.shape[0] != 1):
             raise Flux2Error("inpaint one image at a time: the image (and mask) batch must hold one")
@@ -120,77 +142,84 @@ class Flux2KleinInpaintPrepare:
             "samples": source.to(host.intermediate_device()),
             "noise_mask": crop_mask[None, None].to(host.intermediate_device()),
         }
-        return (latent, refs, stitch)
+        return io.NodeOutput(latent, refs, stitch)
 
 
-class Flux2KleinComposite:
-    DESCRIPTION = (
-        "Puts the inpainted result back over the original image at its size: outside the mask every pixel is "
-        "exactly the original's; feather softens a hard mask's edge, inside the mask (a mask that fades "
-        "already, like Outpaint Pad's, blends through its own fade)."
-    )
-    CATEGORY = "flux2_klein/inpaint"
-    RETURN_TYPES = (types.IMAGE,)
-    RETURN_NAMES = ("image",)
-    OUTPUT_TOOLTIPS = ("The original image with the masked area repainted.",)
-    FUNCTION = "composite"
+class Flux2KleinComposite(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinComposite",
+            display_name="FLUX.2 Composite",
+            category=INPAINT,
+            description=(
+                "Puts the inpainted result back over the original image at its size: outside the mask every "
+                "pixel is exactly the original's; feather softens a hard mask's edge, inside the mask (a "
+                "mask that fades already, like Outpaint Pad's, blends through its own fade)."
+            ),
+            inputs=[
+                io.Image.Input(
+                    "image", tooltip="The decoded inpaint result (FLUX.2 Decode or FLUX.1 Fill [dev] Decode)."
+                ),
+                sockets.Stitch.Input(
+                    "stitch", tooltip="From FLUX.2 Inpaint Prepare or FLUX.1 Fill [dev] Sampler."
+                ),
+                io.Int.Input(
+                    "feather", tooltip="Blend width in pixels, inside the mask.", default=8, min=0, max=256
+                ),
+            ],
+            outputs=[
+                io.Image.Output(
+                    display_name="image", tooltip="The original image with the masked area repainted."
+                )
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "image": socket(
-                    types.IMAGE,
-                    "The decoded inpaint result (FLUX.2 Decode or FLUX.1 Fill [dev] Decode).",
-                ),
-                "stitch": socket(types.STITCH, "From FLUX.2 Inpaint Prepare or FLUX.1 Fill [dev] Sampler."),
-                "feather": socket(
-                    "INT", "Blend width in pixels, inside the mask.", default=8, min=0, max=256
-                ),
-            }
-        }
-
-    def composite(self, image, stitch, feather=8):
+    def execute(cls, image, stitch, feather=8) -> io.NodeOutput:
         out = torch.stack([composite(item, stitch, feather) for item in convert.image_to_list(image)])
-        return (out.to(host.intermediate_device()),)
+        return io.NodeOutput(out.to(host.intermediate_device()))
 
 
-class Flux2KleinOutpaintPad:
-    DESCRIPTION = (
-        "Adds space around an image for outpainting: the new area is grey and masked for repainting, the "
-        "mask fading into the original's edge over feather pixels. Feed both to FLUX.2 Inpaint "
-        "Prepare or to the FLUX.1 Fill [dev] Sampler."
-    )
-    CATEGORY = "flux2_klein/inpaint"
-    RETURN_TYPES = (types.IMAGE, types.MASK)
-    RETURN_NAMES = ("image", "mask")
-    OUTPUT_TOOLTIPS = (
-        "The larger canvas.",
-        "1 on the new area, fading to 0 over feather pixels into the image (0 on the image with feather 0).",
-    )
-    FUNCTION = "pad"
-
+class Flux2KleinOutpaintPad(io.ComfyNode):
     @classmethod
-    def INPUT_TYPES(cls):
-        sides = {name: socket("INT", f"Pixels to add on the {name} (a multiple of 16).", **PAD)
-                 for name in ("left", "top", "right", "bottom")}  # fmt: skip
-        return {
-            "required": {
-                "image": socket(types.IMAGE, "The image to extend."),
-                **sides,
-                "feather": socket(
-                    "INT",
-                    "Pixels over which the mask fades into the image; 0 gives a hard edge (then set "
+    def define_schema(cls) -> io.Schema:
+        sides = [io.Int.Input(name, tooltip=f"Pixels to add on the {name} (a multiple of 16).", **PAD)
+                 for name in ("left", "top", "right", "bottom")]  # fmt: skip
+        return io.Schema(
+            node_id="Flux2KleinOutpaintPad",
+            display_name="FLUX.2 Outpaint Pad",
+            category=INPAINT,
+            description=(
+                "Adds space around an image for outpainting: the new area is grey and masked for repainting, "
+                "the mask fading into the original's edge over feather pixels. Feed both to FLUX.2 Inpaint "
+                "Prepare or to the FLUX.1 Fill [dev] Sampler."
+            ),
+            inputs=[
+                io.Image.Input("image", tooltip="The image to extend."),
+                *sides,
+                io.Int.Input(
+                    "feather",
+                    tooltip="Pixels over which the mask fades into the image; 0 gives a hard edge (then set "
                     "FLUX.2 Composite's feather to 0 too, so the new area's seam is not blended with the "
                     "grey canvas).",
                     default=24,
                     min=0,
                     max=512,
-                ),  # fmt: skip
-            }
-        }
+                ),
+            ],
+            outputs=[
+                io.Image.Output(display_name="image", tooltip="The larger canvas."),
+                io.Mask.Output(
+                    display_name="mask",
+                    tooltip="1 on the new area, fading to 0 over feather pixels into the image (0 on the "
+                    "image with feather 0).",
+                ),
+            ],
+        )
 
-    def pad(self, image, left, top, right, bottom, feather=24):
+    @classmethod
+    def execute(cls, image, left, top, right, bottom, feather=24):
         canvases, masks = zip(
             *(
                 outpaint_canvas(item, left, top, right, bottom, feather)
@@ -198,4 +227,4 @@ class Flux2KleinOutpaintPad:
             )
         )
         device = host.intermediate_device()
-        return (torch.stack(canvases).to(device), torch.stack(masks).to(device))
+        return io.NodeOutput(torch.stack(canvases).to(device), torch.stack(masks).to(device))

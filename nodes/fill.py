@@ -26,9 +26,9 @@ from ..flux2_core import (
     prepare_inpaint,
     sample_fill,
 )
-from . import convert, host, types
-from .decode import decode_samples, tile_inputs
-from .types import socket
+from . import convert, host, sockets, types
+from .decode import IMAGE_OUTPUT, decode_samples, tile_inputs
+from .sockets import io
 
 TEXT_TOOLTIP = (
     "The prompt: describe what goes into the masked area (or the whole picture). T5 reads 512 tokens (BFL's "
@@ -57,83 +57,129 @@ TOOLTIPS = {
 }
 
 
-class Flux1FillTextEncode:
-    DESCRIPTION = (
-        "Encodes a prompt for FLUX.1 Fill [dev]: T5-XXL's 512 token states and CLIP-L's pooled vector. The "
-        "text encoders leave the GPU afterwards so the diffusion model has the room."
-    )
-    CATEGORY = "flux1_fill/conditioning"
-    RETURN_TYPES = (types.FILL_CONDITIONING,)
-    RETURN_NAMES = ("conditioning",)
-    OUTPUT_TOOLTIPS = ("The encoded prompt, for the FLUX.1 Fill [dev] Sampler.",)
-    FUNCTION = "encode"
+class Flux1FillTextEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux1FillTextEncode",
+            display_name="FLUX.1 Fill [dev] Text Encode",
+            category="flux1_fill/conditioning",
+            description=(
+                "Encodes a prompt for FLUX.1 Fill [dev]: T5-XXL's 512 token states and CLIP-L's pooled "
+                "vector. The text encoders leave the GPU afterwards so the diffusion model has the room."
+            ),
+            inputs=[
+                sockets.FillTextEncoder.Input(
+                    "text_encoder", tooltip="From FLUX.1 Fill [dev] Text Encoder Loader."
+                ),
+                io.String.Input("text", tooltip=TEXT_TOOLTIP, multiline=True, dynamic_prompts=False),
+            ],
+            outputs=[
+                sockets.FillConditioning.Output(
+                    display_name="conditioning",
+                    tooltip="The encoded prompt, for the FLUX.1 Fill [dev] Sampler.",
+                )
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "text_encoder": socket(
-                    types.FILL_TEXT_ENCODER, "From FLUX.1 Fill [dev] Text Encoder Loader."
-                ),
-                "text": socket("STRING", TEXT_TOOLTIP, multiline=True, dynamicPrompts=False),
-            },
-        }
-
-    def encode(self, text_encoder: types.FillTextEncoderPair, text: str):
+    def execute(cls, text_encoder: types.FillTextEncoderPair, text: str) -> io.NodeOutput:
         host.load(text_encoder.patcher)
         try:
             cond = text_encoder.encoder.encode([text], interrupt=host.check_interrupt)
         finally:
             host.unload(text_encoder.patcher)  # keep it out of VRAM while the DiT samples
         device = host.intermediate_device()
-        return (FillConditioning(cond.t5.to(device), cond.pooled.to(device)),)
+        return io.NodeOutput(FillConditioning(cond.t5.to(device), cond.pooled.to(device)))
 
 
-class Flux1FillSampler:
-    DESCRIPTION = (
-        "Inpaints (or, after FLUX.2 Outpaint Pad, outpaints) with FLUX.1 Fill [dev]: the model sees "
-        "the image with the masked area blanked and the mask, and paints that area. Decode the latent with "
-        "FLUX.1 Fill [dev] Decode, then put it back over the original with FLUX.2 Composite (stitch)."
-    )
-    CATEGORY = "flux1_fill/sampling"
-    RETURN_TYPES = (types.LATENT, types.STITCH)
-    RETURN_NAMES = ("latent", "stitch")
-    OUTPUT_TOOLTIPS = (
-        "FLUX.1 latents [batch, 16, height/8, width/8] of the sampled area (native FLUX.1 layout).",
-        "For FLUX.2 Composite: the original image, the sampled box and the mask.",
-    )
-    FUNCTION = "sample"
+class Flux1FillSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux1FillSampler",
+            display_name="FLUX.1 Fill [dev] Sampler",
+            category="flux1_fill/sampling",
+            description=(
+                "Inpaints (or, after FLUX.2 Outpaint Pad, outpaints) with FLUX.1 Fill [dev]: the model sees "
+                "the image with the masked area blanked and the mask, and paints that area. Decode the "
+                "latent with FLUX.1 Fill [dev] Decode, then put it back over the original with FLUX.2 "
+                "Composite (stitch)."
+            ),
+            inputs=[
+                sockets.FillModel.Input("model", tooltip=TOOLTIPS["model"]),
+                sockets.FillConditioning.Input("positive", tooltip=TOOLTIPS["positive"]),
+                sockets.FillVae.Input("vae", tooltip=TOOLTIPS["vae"]),
+                io.Image.Input("image", tooltip=TOOLTIPS["image"]),
+                io.Mask.Input("mask", tooltip=TOOLTIPS["mask"]),
+                io.Int.Input(
+                    "seed",
+                    tooltip=TOOLTIPS["seed"],
+                    default=0,
+                    min=0,
+                    max=MAX_SEED,
+                    control_after_generate=True,
+                ),
+                io.Int.Input("steps", tooltip=TOOLTIPS["steps"], default=50, min=1, max=MAX_STEPS),
+                io.Float.Input(
+                    "guidance",
+                    tooltip=TOOLTIPS["guidance"],
+                    default=30.0,
+                    min=0.0,
+                    max=MAX_FILL_GUIDANCE,
+                    step=0.1,
+                ),  # fmt: skip
+                io.Float.Input(
+                    "denoise",
+                    optional=True,
+                    tooltip=TOOLTIPS["denoise"],
+                    default=1.0,
+                    min=0.0,
+                    max=1.0,
+                    step=0.01,
+                ),  # fmt: skip
+                io.Int.Input(
+                    "grow_mask", optional=True, tooltip=TOOLTIPS["grow_mask"], default=0, min=0, max=256
+                ),
+                io.Boolean.Input(
+                    "crop_to_mask", optional=True, tooltip=TOOLTIPS["crop_to_mask"], default=False
+                ),
+                io.Int.Input(
+                    "context", optional=True, tooltip=TOOLTIPS["context"], default=64, min=0, max=2048
+                ),
+                io.Int.Input(
+                    "batch_size",
+                    optional=True,
+                    tooltip=TOOLTIPS["batch_size"],
+                    default=1,
+                    min=1,
+                    max=MAX_BATCH,
+                ),
+                io.Float.Input(
+                    "step_cache",
+                    optional=True,
+                    tooltip=STEP_CACHE_HELP,
+                    default=0.0,
+                    min=0.0,
+                    max=MAX_STEP_CACHE,
+                    step=0.01,
+                ),  # fmt: skip
+            ],
+            outputs=[
+                io.Latent.Output(
+                    display_name="latent",
+                    tooltip="FLUX.1 latents [batch, 16, height/8, width/8] of the sampled area (native "
+                    "FLUX.1 layout).",
+                ),
+                sockets.Stitch.Output(
+                    display_name="stitch",
+                    tooltip="For FLUX.2 Composite: the original image, the sampled box and the mask.",
+                ),
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "model": socket(types.FILL_MODEL, TOOLTIPS["model"]),
-                "positive": socket(types.FILL_CONDITIONING, TOOLTIPS["positive"]),
-                "vae": socket(types.FILL_VAE, TOOLTIPS["vae"]),
-                "image": socket(types.IMAGE, TOOLTIPS["image"]),
-                "mask": socket(types.MASK, TOOLTIPS["mask"]),
-                "seed": socket(
-                    "INT", TOOLTIPS["seed"], default=0, min=0, max=MAX_SEED, control_after_generate=True
-                ),
-                "steps": socket("INT", TOOLTIPS["steps"], default=50, min=1, max=MAX_STEPS),
-                "guidance": socket(
-                    "FLOAT", TOOLTIPS["guidance"], default=30.0, min=0.0, max=MAX_FILL_GUIDANCE, step=0.1
-                ),
-            },
-            "optional": {
-                "denoise": socket("FLOAT", TOOLTIPS["denoise"], default=1.0, min=0.0, max=1.0, step=0.01),
-                "grow_mask": socket("INT", TOOLTIPS["grow_mask"], default=0, min=0, max=256),
-                "crop_to_mask": socket("BOOLEAN", TOOLTIPS["crop_to_mask"], default=False),
-                "context": socket("INT", TOOLTIPS["context"], default=64, min=0, max=2048),
-                "batch_size": socket("INT", TOOLTIPS["batch_size"], default=1, min=1, max=MAX_BATCH),
-                "step_cache": socket(
-                    "FLOAT", STEP_CACHE_HELP, default=0.0, min=0.0, max=MAX_STEP_CACHE, step=0.01
-                ),
-            },
-        }
-
-    def sample(self, model: types.FillModel, positive: FillConditioning, vae: types.FillVAE, image, mask,
+    def execute(cls, model: types.FillModel, positive: FillConditioning, vae: types.FillVAE, image, mask,
                seed, steps, guidance, denoise=1.0, grow_mask=0, crop_to_mask=False, context=64,
                batch_size=1, step_cache=0.0):  # fmt: skip
         if image.shape[0] != 1 or (mask.ndim == 3 and mask.shape[0] != 1):
@@ -142,11 +188,11 @@ class Flux1FillSampler:
         height, width = crop_mask.shape
         # linked values skip the widget ranges: every number is checked before a model is loaded
         check_request(width, height, steps, guidance, seed, batch_size, MAX_FILL_GUIDANCE)
-        step = StepCache(step_cache)
+        cache_rule = StepCache(step_cache)
         host.load(vae.patcher, vae.vae.encode_memory(height, width))
         with host.out_of_memory(f"encoding {width}x{height}", "use crop_to_mask or a smaller image"):
             fill = fill_inputs(vae.vae, convert.image_to_pixels(crop), crop_mask, with_source=denoise < 1.0)
-        required = fill_memory(model.model, width, height, batch_size)
+        required = fill_memory(model.core, width, height, batch_size)
         host.load(model.patcher, required)
         what, advice = f"sampling {width}x{height}", "use crop_to_mask, a smaller image or a smaller batch"
         device = model.patcher.load_device
@@ -154,39 +200,39 @@ class Flux1FillSampler:
         settings = FillSettings(seed, steps, guidance, batch_size, denoise)
         with host.out_of_memory(what, advice):
             samples = sample_fill(
-                model.model,
+                model.core,
                 positive,
                 fill,
                 settings,
                 callback=host.step_reporter(steps, latent_format="Flux"),
                 interrupt=host.check_interrupt,
-                step_cache=step,
+                step_cache=cache_rule,
             )
-        result = ({"samples": samples.to(host.intermediate_device())}, stitch)
-        return convert.with_ui_text(result, step.describe())
+        latent = {"samples": samples.to(host.intermediate_device())}
+        return sockets.output(latent, stitch, text=cache_rule.describe())
 
 
-class Flux1FillDecode:
-    DESCRIPTION = (
-        "Decodes FLUX.1 latents (the Fill sampler's, or native FLUX.1 ones) to images with the FLUX.1 VAE: "
-        "the raw decode of the sampled area; FLUX.2 Composite puts it back over the original."
-    )
-    CATEGORY = "flux1_fill/latent"
-    RETURN_TYPES = (types.IMAGE,)
-    RETURN_NAMES = ("image",)
-    OUTPUT_TOOLTIPS = ("Images [batch, height, width, 3] in 0..1.",)
-    FUNCTION = "decode"
+class Flux1FillDecode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux1FillDecode",
+            display_name="FLUX.1 Fill [dev] Decode",
+            category="flux1_fill/latent",
+            description=(
+                "Decodes FLUX.1 latents (the Fill sampler's, or native FLUX.1 ones) to images with the "
+                "FLUX.1 VAE: the raw decode of the sampled area; FLUX.2 Composite puts it back over the "
+                "original."
+            ),
+            inputs=[
+                sockets.FillVae.Input("vae", tooltip="From FLUX.1 Fill [dev] VAE Loader."),
+                io.Latent.Input("latent", tooltip="FLUX.1 latents, e.g. from FLUX.1 Fill [dev] Sampler."),
+                *tile_inputs(),
+            ],
+            outputs=[io.Image.Output(display_name="image", tooltip=IMAGE_OUTPUT)],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "vae": socket(types.FILL_VAE, "From FLUX.1 Fill [dev] VAE Loader."),
-                "latent": socket(types.LATENT, "FLUX.1 latents, e.g. from FLUX.1 Fill [dev] Sampler."),
-            },
-            "optional": tile_inputs(),
-        }
-
-    def decode(self, vae: types.FillVAE, latent: dict, tile_size: int = 0, tile_overlap: int = 64):
+    def execute(cls, vae: types.FillVAE, latent: dict, tile_size: int = 0, tile_overlap: int = 64):
         samples = convert.fill_latent_samples(latent)
-        return (decode_samples(vae, samples, vae.vae.downscale, tile_size, tile_overlap),)
+        return io.NodeOutput(decode_samples(vae, samples, vae.vae.downscale, tile_size, tile_overlap))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from ..flux2_core import Flux2Error, load_fill_text_encoder, load_fill_transformer, load_flux1_vae
-from . import host, types
+from . import host, sockets, types
 from .model_files import empty_folder_entry, empty_folder_message
-from .types import socket
+from .sockets import io
 
 WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 DIT_FILE, T5_FILE, CLIP_FILE, VAE_FILE = (
@@ -36,6 +36,7 @@ TOOLTIPS = {
     "CPU in float32, which saves VRAM but is slow (T5-XXL is large).",
     "vae_name": "The FLUX.1 VAE (ae.safetensors, 16 latent channels) from models/vae.",
 }
+CATEGORY = "flux1_fill/loaders"
 
 
 def _choices(folder: str, first: str) -> list[str]:
@@ -50,62 +51,87 @@ def _path(folder: str, name: str, first: str) -> str:
     return host.full_path(folder, name)
 
 
-class Flux1FillModelLoader:
-    DESCRIPTION = (
-        "Loads the FLUX.1 Fill [dev] diffusion model (flux1-fill-dev.safetensors) from "
-        "models/diffusion_models, for inpainting and outpainting."
-    )
-    CATEGORY = "flux1_fill/loaders"
-    RETURN_TYPES = (types.FILL_MODEL,)
-    RETURN_NAMES = ("model",)
-    OUTPUT_TOOLTIPS = ("The FLUX.1 Fill DiT, for the FLUX.1 Fill [dev] Sampler.",)
-    FUNCTION = "load"
+class Flux1FillModelLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux1FillModelLoader",
+            display_name="FLUX.1 Fill [dev] Model Loader",
+            category=CATEGORY,
+            description=(
+                "Loads the FLUX.1 Fill [dev] diffusion model (flux1-fill-dev.safetensors) from "
+                "models/diffusion_models, for inpainting and outpainting."
+            ),
+            inputs=[
+                io.Combo.Input(
+                    "model_name",
+                    options=_choices("diffusion_models", DIT_FILE),
+                    tooltip=TOOLTIPS["model_name"],
+                ),
+                io.Combo.Input(
+                    "weight_dtype",
+                    options=["default", *WEIGHT_DTYPES],
+                    optional=True,
+                    tooltip=TOOLTIPS["weight_dtype"],
+                    default="default",
+                ),  # fmt: skip
+            ],
+            outputs=[
+                sockets.FillModel.Output(
+                    display_name="model", tooltip="The FLUX.1 Fill DiT, for the FLUX.1 Fill [dev] Sampler."
+                )
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "model_name": socket(_choices("diffusion_models", DIT_FILE), TOOLTIPS["model_name"])
-            },
-            "optional": {
-                "weight_dtype": socket(
-                    ["default", *WEIGHT_DTYPES], TOOLTIPS["weight_dtype"], default="default"
-                ),
-            },
-        }
-
-    def load(self, model_name: str, weight_dtype: str = "default"):
+    def execute(cls, model_name: str, weight_dtype: str = "default") -> io.NodeOutput:
         load_device, offload_device = host.devices("diffusion_model")
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
         path = _path("diffusion_models", model_name, DIT_FILE)
         # A chosen dtype dequantises quantised files at load; so does Apple's MPS, which cannot hold float8.
         keep = weight_dtype == "default" and load_device.type != "mps"
         model = load_fill_transformer(path, dtype=dtype, device=offload_device, keep_quantized=keep)
-        return (types.FillModel(model, host.manage(model.transformer, load_device, offload_device)),)
+        return io.NodeOutput(
+            types.FillModel(model, host.manage(model.transformer, load_device, offload_device))
+        )
 
 
-class Flux1FillTextEncoderLoader:
-    DESCRIPTION = (
-        "Loads FLUX.1's two text encoders from models/text_encoders: T5-XXL (t5xxl_fp16.safetensors) and "
-        "CLIP-L (clip_l.safetensors), with ComfyUI's own tokenizers."
-    )
-    CATEGORY = "flux1_fill/loaders"
-    RETURN_TYPES = (types.FILL_TEXT_ENCODER,)
-    RETURN_NAMES = ("text_encoder",)
-    OUTPUT_TOOLTIPS = ("T5-XXL and CLIP-L, for FLUX.1 Fill [dev] Text Encode.",)
-    FUNCTION = "load"
+class Flux1FillTextEncoderLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux1FillTextEncoderLoader",
+            display_name="FLUX.1 Fill [dev] Text Encoder Loader",
+            category=CATEGORY,
+            description=(
+                "Loads FLUX.1's two text encoders from models/text_encoders: T5-XXL (t5xxl_fp16.safetensors) "
+                "and CLIP-L (clip_l.safetensors), with ComfyUI's own tokenizers."
+            ),
+            inputs=[
+                io.Combo.Input(
+                    "t5_name", options=_choices("text_encoders", T5_FILE), tooltip=TOOLTIPS["t5_name"]
+                ),
+                io.Combo.Input(
+                    "clip_name", options=_choices("text_encoders", CLIP_FILE), tooltip=TOOLTIPS["clip_name"]
+                ),
+                io.Combo.Input(
+                    "device",
+                    options=["default", "cpu"],
+                    optional=True,
+                    tooltip=TOOLTIPS["device"],
+                    default="default",
+                ),  # fmt: skip
+            ],
+            outputs=[
+                sockets.FillTextEncoder.Output(
+                    display_name="text_encoder",
+                    tooltip="T5-XXL and CLIP-L, for FLUX.1 Fill [dev] Text Encode.",
+                )
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "t5_name": socket(_choices("text_encoders", T5_FILE), TOOLTIPS["t5_name"]),
-                "clip_name": socket(_choices("text_encoders", CLIP_FILE), TOOLTIPS["clip_name"]),
-            },
-            "optional": {"device": socket(["default", "cpu"], TOOLTIPS["device"], default="default")},
-        }
-
-    def load(self, t5_name: str, clip_name: str, device: str = "default"):
+    def execute(cls, t5_name: str, clip_name: str, device: str = "default") -> io.NodeOutput:
         load_device, offload_device = host.devices("text_encoder", cpu=device == "cpu")
         t5_path = _path("text_encoders", t5_name, T5_FILE)
         clip_path = _path("text_encoders", clip_name, CLIP_FILE)
@@ -118,23 +144,31 @@ class Flux1FillTextEncoderLoader:
             keep_quantized=load_device.type != "mps",
         )
         patcher = host.manage(encoder.modules, load_device, offload_device)
-        return (types.FillTextEncoderPair(encoder, patcher),)
+        return io.NodeOutput(types.FillTextEncoderPair(encoder, patcher))
 
 
-class Flux1FillVAELoader:
-    DESCRIPTION = "Loads the FLUX.1 VAE (ae.safetensors) from models/vae."
-    CATEGORY = "flux1_fill/loaders"
-    RETURN_TYPES = (types.FILL_VAE,)
-    RETURN_NAMES = ("vae",)
-    OUTPUT_TOOLTIPS = ("The FLUX.1 autoencoder, for the FLUX.1 Fill [dev] Sampler and Decode.",)
-    FUNCTION = "load"
+class Flux1FillVAELoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux1FillVAELoader",
+            display_name="FLUX.1 Fill [dev] VAE Loader",
+            category=CATEGORY,
+            description="Loads the FLUX.1 VAE (ae.safetensors) from models/vae.",
+            inputs=[
+                io.Combo.Input("vae_name", options=_choices("vae", VAE_FILE), tooltip=TOOLTIPS["vae_name"])
+            ],
+            outputs=[
+                sockets.FillVae.Output(
+                    display_name="vae",
+                    tooltip="The FLUX.1 autoencoder, for the FLUX.1 Fill [dev] Sampler and Decode.",
+                )
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"vae_name": socket(_choices("vae", VAE_FILE), TOOLTIPS["vae_name"])}}
-
-    def load(self, vae_name: str):
+    def execute(cls, vae_name: str) -> io.NodeOutput:
         load_device, offload_device = host.devices("vae")
         path = _path("vae", vae_name, VAE_FILE)
         vae = load_flux1_vae(path, dtype=host.vae_dtype(load_device), device=offload_device)
-        return (types.FillVAE(vae, host.manage(vae, load_device, offload_device)),)
+        return io.NodeOutput(types.FillVAE(vae, host.manage(vae, load_device, offload_device)))

@@ -21,15 +21,16 @@ from ..flux2_core import (
     load_vae,
     parse_devices,
 )
-from . import host, types
+from . import host, sockets, types
 from .model_files import empty_folder_entry, empty_folder_message
 from .sampler import KV_STORE
+from .sockets import io
 from .split import split_patchers
-from .types import socket
 
 VARIANT_CHOICES = ("auto", *VARIANTS)  # distilled, base, kv (klein) and dev
 WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TEXT_ENCODER_DEVICES = ("default", "cpu")  # then the accelerators this machine has (cuda:0, ...)
+CATEGORY = "flux2_klein/loaders"
 log = logging.getLogger(__name__)
 
 
@@ -80,38 +81,58 @@ def _path(folder: str, name: str) -> str:
     return host.full_path(folder, name)
 
 
-class Flux2KleinModelLoader:
-    DESCRIPTION = (
-        "Loads a FLUX.2 diffusion model from models/diffusion_models: klein (4B, 9B, base or 9B-KV) or "
-        "FLUX.2 [dev], told apart by the weights. devices splits its blocks across several GPUs."
-    )
-    CATEGORY = "flux2_klein/loaders"
-    RETURN_TYPES = (types.MODEL,)
-    RETURN_NAMES = ("model",)
-    OUTPUT_TOOLTIPS = ("The FLUX.2 DiT, for the FLUX.2 Sampler.",)
-    FUNCTION = "load"
+class Flux2KleinModelLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinModelLoader",
+            display_name="FLUX.2 Model Loader",
+            category=CATEGORY,
+            description=(
+                "Loads a FLUX.2 diffusion model from models/diffusion_models: klein (4B, 9B, base or 9B-KV) "
+                "or FLUX.2 [dev], told apart by the weights. devices splits its blocks across several GPUs."
+            ),
+            inputs=[
+                io.Combo.Input(
+                    "model_name", options=_choices("diffusion_models"), tooltip=TOOLTIPS["model_name"]
+                ),
+                io.Combo.Input(
+                    "variant", options=list(VARIANT_CHOICES), tooltip=TOOLTIPS["variant"], default="auto"
+                ),
+                io.Combo.Input(
+                    "weight_dtype",
+                    options=["default", *WEIGHT_DTYPES],
+                    optional=True,
+                    tooltip=TOOLTIPS["weight_dtype"],
+                    default="default",
+                ),  # fmt: skip
+                io.Combo.Input(
+                    "offload",
+                    options=["none", "stream"],
+                    optional=True,
+                    tooltip=TOOLTIPS["offload"],
+                    default="none",
+                ),  # fmt: skip
+                io.Int.Input(
+                    "resident_mb",
+                    optional=True,
+                    tooltip=TOOLTIPS["resident_mb"],
+                    default=0,
+                    min=0,
+                    max=1 << 20,
+                    step=256,
+                ),  # fmt: skip
+                io.String.Input(
+                    "devices", optional=True, tooltip=TOOLTIPS["devices"], default="", multiline=False
+                ),
+            ],
+            outputs=[
+                sockets.Model.Output(display_name="model", tooltip="The FLUX.2 DiT, for the FLUX.2 Sampler.")
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "model_name": socket(_choices("diffusion_models"), TOOLTIPS["model_name"]),
-                "variant": socket(list(VARIANT_CHOICES), TOOLTIPS["variant"], default="auto"),
-            },
-            "optional": {
-                "weight_dtype": socket(
-                    ["default", *WEIGHT_DTYPES], TOOLTIPS["weight_dtype"], default="default"
-                ),
-                "offload": socket(["none", "stream"], TOOLTIPS["offload"], default="none"),
-                "resident_mb": socket(
-                    "INT", TOOLTIPS["resident_mb"], default=0, min=0, max=1 << 20, step=256
-                ),
-                "devices": socket("STRING", TOOLTIPS["devices"], default="", multiline=False),
-            },
-        }
-
-    @classmethod
-    def VALIDATE_INPUTS(cls, devices=None):
+    def validate_inputs(cls, devices=None):
         if devices and devices.strip():  # a linked value arrives as None and is checked at run time
             try:
                 parse_devices(devices)
@@ -119,15 +140,16 @@ class Flux2KleinModelLoader:
                 return str(e)
         return True
 
-    def load(
-        self,
+    @classmethod
+    def execute(
+        cls,
         model_name: str,
         variant: str,
         weight_dtype: str = "default",
         offload: str = "none",
         resident_mb=0,
         devices: str = "",
-    ):
+    ) -> io.NodeOutput:
         chosen = _model_devices(devices, offload)
         load_device, offload_device = host.devices("diffusion_model", device=chosen[0] if chosen else None)
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
@@ -150,9 +172,8 @@ class Flux2KleinModelLoader:
             # the 9B-KV references' K/V kept for this model live on its device: they go when it leaves it
             host.on_unload(patcher, lambda: KV_STORE.forget_model(model.transformer))
         loaded = types.KleinModel(model, patchers[0], tuple(patchers[1:]), split)
-        if split:  # the memory per device, also in the node's output text (the executed message, /history)
-            return {"ui": {"text": [split]}, "result": (loaded,)}
-        return (loaded,)
+        # the memory per device of a split, also in the node's output text (the executed message, /history)
+        return sockets.output(loaded, text=split)
 
 
 def _model_devices(text: str | None, offload: str) -> list[torch.device]:
@@ -168,31 +189,41 @@ def _model_devices(text: str | None, offload: str) -> list[torch.device]:
     return parse_devices(text)
 
 
-class Flux2KleinTextEncoderLoader:
-    DESCRIPTION = (
-        "Loads the text encoder of a FLUX.2 model from models/text_encoders: Qwen3-4B for klein 4B, Qwen3-8B "
-        "for klein 9B, Mistral-Small-3.2-24B for FLUX.2 [dev] (told apart by the weights)."
-    )
-    CATEGORY = "flux2_klein/loaders"
-    RETURN_TYPES = (types.TEXT_ENCODER,)
-    RETURN_NAMES = ("text_encoder",)
-    OUTPUT_TOOLTIPS = ("The Qwen3 or Mistral text encoder, for FLUX.2 Text Encode.",)
-    FUNCTION = "load"
+class Flux2KleinTextEncoderLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinTextEncoderLoader",
+            display_name="FLUX.2 Text Encoder Loader",
+            category=CATEGORY,
+            description=(
+                "Loads the text encoder of a FLUX.2 model from models/text_encoders: Qwen3-4B for klein 4B, "
+                "Qwen3-8B for klein 9B, Mistral-Small-3.2-24B for FLUX.2 [dev] (told apart by the weights)."
+            ),
+            inputs=[
+                io.Combo.Input(
+                    "text_encoder_name",
+                    options=_choices("text_encoders"),
+                    tooltip=TOOLTIPS["text_encoder_name"],
+                ),
+                io.Combo.Input(
+                    "device",
+                    options=[*TEXT_ENCODER_DEVICES, *_accelerators()],
+                    optional=True,
+                    tooltip=TOOLTIPS["device"],
+                    default="default",
+                ),  # fmt: skip
+            ],
+            outputs=[
+                sockets.TextEncoder.Output(
+                    display_name="text_encoder",
+                    tooltip="The Qwen3 or Mistral text encoder, for FLUX.2 Text Encode.",
+                )
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "text_encoder_name": socket(_choices("text_encoders"), TOOLTIPS["text_encoder_name"]),
-            },
-            "optional": {
-                "device": socket(
-                    [*TEXT_ENCODER_DEVICES, *_accelerators()], TOOLTIPS["device"], default="default"
-                )
-            },
-        }
-
-    def load(self, text_encoder_name: str, device: str = "default"):
+    def execute(cls, text_encoder_name: str, device: str = "default"):
         chosen = parse_devices(device)[0] if device not in TEXT_ENCODER_DEVICES else None
         load_device, offload_device = host.devices("text_encoder", cpu=device == "cpu", device=chosen)
         path = _path("text_encoders", text_encoder_name)
@@ -203,7 +234,7 @@ class Flux2KleinTextEncoderLoader:
             keep_quantized=load_device.type != "mps",
         )  # a FLUX.1 T5 / CLIP file is refused by name, with the files FLUX.2 needs
         patcher = host.manage(encoder.model, load_device, offload_device)
-        return (types.KleinTextEncoder(encoder, patcher, keep_loaded=chosen is not None),)
+        return io.NodeOutput(types.KleinTextEncoder(encoder, patcher, keep_loaded=chosen is not None))
 
 
 def _accelerators() -> list[str]:
@@ -215,20 +246,27 @@ def _accelerators() -> list[str]:
     return names
 
 
-class Flux2KleinVAELoader:
-    DESCRIPTION = "Loads the FLUX.2 VAE (flux2-vae.safetensors, the same for klein and dev) from models/vae."
-    CATEGORY = "flux2_klein/loaders"
-    RETURN_TYPES = (types.VAE,)
-    RETURN_NAMES = ("vae",)
-    OUTPUT_TOOLTIPS = ("The FLUX.2 autoencoder, for Reference Encode and Decode.",)
-    FUNCTION = "load"
+class Flux2KleinVAELoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinVAELoader",
+            display_name="FLUX.2 VAE Loader",
+            category=CATEGORY,
+            description=(
+                "Loads the FLUX.2 VAE (flux2-vae.safetensors, the same for klein and dev) from models/vae."
+            ),
+            inputs=[io.Combo.Input("vae_name", options=_choices("vae"), tooltip=TOOLTIPS["vae_name"])],
+            outputs=[
+                sockets.Vae.Output(
+                    display_name="vae", tooltip="The FLUX.2 autoencoder, for Reference Encode and Decode."
+                )
+            ],
+        )
 
     @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"vae_name": socket(_choices("vae"), TOOLTIPS["vae_name"])}}
-
-    def load(self, vae_name: str):
+    def execute(cls, vae_name: str):
         load_device, offload_device = host.devices("vae")
         path = _path("vae", vae_name)
         vae = load_vae(path, dtype=host.vae_dtype(load_device), device=offload_device)
-        return (types.KleinVAE(vae, host.manage(vae, load_device, offload_device)),)
+        return io.NodeOutput(types.KleinVAE(vae, host.manage(vae, load_device, offload_device)))

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..flux2_core import Flux2Error, parse_block_strengths, prepare_lora, read_lora
-from . import types
+from . import sockets
 from .loaders import _choices, _path
-from .types import socket
+from .sockets import io
 
 MAX_STRENGTH = 10.0
 
@@ -32,39 +32,56 @@ TOOLTIPS = {
 }
 
 
-class Flux2KleinLoraLoader:
-    DESCRIPTION = (
-        "Applies a LoRA to a FLUX.2 [klein] model (and, for LoRAs that carry one, to its Qwen3 text "
-        "encoder). The report says which keys matched, which did not and which layers were touched."
-    )
-    CATEGORY = "flux2_klein/loaders"
-    RETURN_TYPES = (types.MODEL, "STRING", types.TEXT_ENCODER)
-    RETURN_NAMES = ("model", "report", "text_encoder")
-    OUTPUT_TOOLTIPS = (
-        "The model with the LoRA, for the sampler or another LoRA loader.",
-        "What matched: connect it to a Preview Any node to read it.",
-        "The text encoder with the LoRA's text-encoder part (the input one when none is connected).",
-    )
-    FUNCTION = "load"
-
+class Flux2KleinLoraLoader(io.ComfyNode):
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "model": socket(types.MODEL, TOOLTIPS["model"]),
-                "lora_name": socket(_choices("loras"), TOOLTIPS["lora_name"]),
-                "strength": socket(
-                    "FLOAT", TOOLTIPS["strength"], default=1.0, min=-MAX_STRENGTH, max=MAX_STRENGTH, step=0.01
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinLoraLoader",
+            display_name="FLUX.2 [klein] LoRA Loader",
+            category="flux2_klein/loaders",
+            description=(
+                "Applies a LoRA to a FLUX.2 [klein] model (and, for LoRAs that carry one, to its Qwen3 text "
+                "encoder). The report says which keys matched, which did not and which layers were touched."
+            ),
+            inputs=[
+                sockets.Model.Input("model", tooltip=TOOLTIPS["model"]),
+                io.Combo.Input("lora_name", options=_choices("loras"), tooltip=TOOLTIPS["lora_name"]),
+                io.Float.Input(
+                    "strength",
+                    tooltip=TOOLTIPS["strength"],
+                    default=1.0,
+                    min=-MAX_STRENGTH,
+                    max=MAX_STRENGTH,
+                    step=0.01,
+                ),  # fmt: skip
+                io.String.Input(
+                    "block_strengths",
+                    optional=True,
+                    tooltip=TOOLTIPS["block_strengths"],
+                    default="",
+                    multiline=False,
+                ),  # fmt: skip
+                sockets.TextEncoder.Input("text_encoder", optional=True, tooltip=TOOLTIPS["text_encoder"]),
+            ],
+            outputs=[
+                sockets.Model.Output(
+                    display_name="model",
+                    tooltip="The model with the LoRA, for the sampler or another LoRA loader.",
                 ),
-            },
-            "optional": {
-                "block_strengths": socket("STRING", TOOLTIPS["block_strengths"], default="", multiline=False),
-                "text_encoder": socket(types.TEXT_ENCODER, TOOLTIPS["text_encoder"]),
-            },
-        }
+                io.String.Output(
+                    display_name="report",
+                    tooltip="What matched: connect it to a Preview Any node to read it.",
+                ),
+                sockets.TextEncoder.Output(
+                    display_name="text_encoder",
+                    tooltip="The text encoder with the LoRA's text-encoder part (the input one when none is "
+                    "connected).",
+                ),
+            ],
+        )
 
     @classmethod
-    def VALIDATE_INPUTS(cls, block_strengths=None):
+    def validate_inputs(cls, block_strengths=None):
         if block_strengths:  # linked values arrive as None and are checked at run time
             try:
                 parse_block_strengths(block_strengths)
@@ -72,24 +89,27 @@ class Flux2KleinLoraLoader:
                 return str(e)
         return True
 
-    def load(self, model, lora_name: str, strength: float, block_strengths: str = "", text_encoder=None):
+    @classmethod
+    def execute(
+        cls, model, lora_name: str, strength: float, block_strengths: str = "", text_encoder=None
+    ) -> io.NodeOutput:
         if not -MAX_STRENGTH <= strength <= MAX_STRENGTH:
             raise Flux2Error(
                 f"strength {strength} is out of range: use -{MAX_STRENGTH:g} to {MAX_STRENGTH:g}"
             )
-        if model.model.variant.embeds_guidance:
+        if model.core.variant.embeds_guidance:
             raise Flux2Error(
-                f"{model.model.name} is FLUX.2 [dev]: the FLUX.2 [klein] LoRA Loader applies LoRAs to klein "
+                f"{model.core.name} is FLUX.2 [dev]: the FLUX.2 [klein] LoRA Loader applies LoRAs to klein "
                 "models only (LoRAs on dev are not supported yet). Connect the model loader straight to the "
                 "sampler, or load a klein model for this LoRA"
             )
         lora_file = read_lora(_path("loras", lora_name))
         encoder = text_encoder.encoder.model if text_encoder is not None else None
         lora = prepare_lora(
-            lora_file, model.model.transformer, encoder, strength, block_strengths or None, name=lora_name
+            lora_file, model.core.transformer, encoder, strength, block_strengths or None, name=lora_name
         )
         report = lora.report.text()  # also in the log, from prepare_lora
-        patched = dataclasses.replace(model, model=model.model.with_lora(lora))  # the same weights, shared
+        patched = dataclasses.replace(model, core=model.core.with_lora(lora))  # the same weights, shared
         if text_encoder is not None:
             text_encoder = dataclasses.replace(text_encoder, encoder=text_encoder.encoder.with_lora(lora))
-        return {"ui": {"text": [report]}, "result": (patched, report, text_encoder)}
+        return sockets.output(patched, report, text_encoder, text=report)

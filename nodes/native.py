@@ -13,77 +13,97 @@ from __future__ import annotations
 import torch
 
 from ..flux2_core import TEXT_ENCODER_FOR_CONTEXT, Flux2Error
-from . import host, types
+from . import host, sockets, types
 from .native_model import native_model
 from .sampler import KV_STORE
-from .types import socket
+from .sockets import io
 
 CATEGORY = "flux2_klein/native"
 
 
-class Flux2KleinToNativeModel:
-    DESCRIPTION = (
-        "Our FLUX.2 model (klein, base, 9B-KV or dev, with its LoRAs, quantised weights, streaming or block "
-        "split) as a native MODEL, for native samplers, guiders, schedulers and model patches such as "
-        "EasyCache. Native weight patches (LoraLoaderModelOnly) are refused: load LoRAs with FLUX.2 [klein] "
-        "LoRA Loader first."
-    )
-    CATEGORY = CATEGORY
-    RETURN_TYPES = ("MODEL",)
-    RETURN_NAMES = ("model",)
-    OUTPUT_TOOLTIPS = ("A native MODEL that follows native FLUX.2's conventions and runs this pack's DiT.",)
-    FUNCTION = "convert"
-
+class Flux2KleinToNativeModel(io.ComfyNode):
     @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"model": socket(types.MODEL, "From FLUX.2 Model Loader (or the LoRA loader).")}}
-
-    def convert(self, model: types.KleinModel):
-        return (native_model(model, KV_STORE),)
-
-
-class Flux2KleinToNativeConditioning:
-    DESCRIPTION = (
-        "Our FLUX.2 conditioning as native CONDITIONING (the same embedding), for CFGGuider, "
-        "ReferenceLatent, ConditioningZeroOut, FluxGuidance and the other native conditioning nodes."
-    )
-    CATEGORY = CATEGORY
-    RETURN_TYPES = ("CONDITIONING",)
-    RETURN_NAMES = ("conditioning",)
-    OUTPUT_TOOLTIPS = ("Native FLUX.2 CONDITIONING: [[embedding [1, 512, width], {pooled_output: None}]].",)
-    FUNCTION = "convert"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"conditioning": socket(types.CONDITIONING, "From FLUX.2 Text Encode.")}}
-
-    def convert(self, conditioning: types.KleinConditioning):
-        return (conditioning.to_native(),)
-
-
-class Flux2KleinFromNativeConditioning:
-    DESCRIPTION = (
-        "Native FLUX.2 CONDITIONING (native CLIPTextEncode with a FLUX.2 text encoder) as our conditioning, "
-        "for the FLUX.2 Sampler. One prompt; references go through FLUX.2 Reference Encode."
-    )
-    CATEGORY = CATEGORY
-    RETURN_TYPES = (types.CONDITIONING,)
-    RETURN_NAMES = ("conditioning",)
-    OUTPUT_TOOLTIPS = ("The same embedding, for the FLUX.2 Sampler's positive or negative input.",)
-    FUNCTION = "convert"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "conditioning": socket(
-                    "CONDITIONING", "Native FLUX.2 conditioning (CLIPTextEncode with a FLUX.2 text encoder)."
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinToNativeModel",
+            display_name="FLUX.2 to native MODEL",
+            category=CATEGORY,
+            description=(
+                "Our FLUX.2 model (klein, base, 9B-KV or dev, with its LoRAs, quantised weights, streaming "
+                "or block split) as a native MODEL, for native samplers, guiders, schedulers and model "
+                "patches such as EasyCache. Native weight patches (LoraLoaderModelOnly) are refused: load "
+                "LoRAs with FLUX.2 [klein] LoRA Loader first."
+            ),
+            inputs=[sockets.Model.Input("model", tooltip="From FLUX.2 Model Loader (or the LoRA loader).")],
+            outputs=[
+                io.Model.Output(
+                    display_name="model",
+                    tooltip="A native MODEL that follows native FLUX.2's conventions and runs this pack's "
+                    "DiT.",
                 )
-            }
-        }
+            ],
+        )
 
-    def convert(self, conditioning):
-        return (from_native(conditioning),)
+    @classmethod
+    def execute(cls, model: types.KleinModel) -> io.NodeOutput:
+        return io.NodeOutput(native_model(model, KV_STORE))
+
+
+class Flux2KleinToNativeConditioning(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinToNativeConditioning",
+            display_name="FLUX.2 to native CONDITIONING",
+            category=CATEGORY,
+            description=(
+                "Our FLUX.2 conditioning as native CONDITIONING (the same embedding), for CFGGuider, "
+                "ReferenceLatent, ConditioningZeroOut, FluxGuidance and the other native conditioning nodes."
+            ),
+            inputs=[sockets.Conditioning.Input("conditioning", tooltip="From FLUX.2 Text Encode.")],
+            outputs=[
+                io.Conditioning.Output(
+                    display_name="conditioning",
+                    tooltip="Native FLUX.2 CONDITIONING: [[embedding [1, 512, width], {pooled_output: "
+                    "None}]].",
+                )
+            ],
+        )
+
+    @classmethod
+    def execute(cls, conditioning: types.KleinConditioning) -> io.NodeOutput:
+        return io.NodeOutput(conditioning.to_native())
+
+
+class Flux2KleinFromNativeConditioning(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinFromNativeConditioning",
+            display_name="FLUX.2 from native CONDITIONING",
+            category=CATEGORY,
+            description=(
+                "Native FLUX.2 CONDITIONING (native CLIPTextEncode with a FLUX.2 text encoder) as our "
+                "conditioning, for the FLUX.2 Sampler. One prompt; references go through FLUX.2 Reference "
+                "Encode."
+            ),
+            inputs=[
+                io.Conditioning.Input(
+                    "conditioning",
+                    tooltip="Native FLUX.2 conditioning (CLIPTextEncode with a FLUX.2 text encoder).",
+                )
+            ],
+            outputs=[
+                sockets.Conditioning.Output(
+                    display_name="conditioning",
+                    tooltip="The same embedding, for the FLUX.2 Sampler's positive or negative input.",
+                )
+            ],
+        )
+
+    @classmethod
+    def execute(cls, conditioning) -> io.NodeOutput:
+        return io.NodeOutput(from_native(conditioning))
 
 
 def from_native(conditioning) -> types.KleinConditioning:

@@ -21,7 +21,7 @@ What stays ours:
 Native weight patches (``LoraLoaderModelOnly``, model merging) would find none of native's weight names in
 this model and do nothing, so ``add_patches`` refuses them, naming our LoRA loader; block-replacement and
 attention patches that native's own FLUX code reads (``patches_replace["dit"]``, ``attn1_patch``, ...) are
-refused when sampling starts. The native classes themselves are built in ``host`` (``native_flux2_model``).
+refused when sampling starts. The native classes themselves are in ``native_classes``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class NativeDiT(torch.nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.klein.model.transformer.dtype
+        return self.klein.core.transformer.dtype
 
     def forward(self, x, timestep, context, y=None, guidance=None, ref_latents=None, control=None,
                 transformer_options={}, **kwargs):  # noqa: B006  (native's signature)  # fmt: skip
@@ -72,7 +72,7 @@ class NativeDiT(torch.nn.Module):
                 f"reference latents method {method!r} is not supported by FLUX.2 to native MODEL: FLUX.2 "
                 "places references by index (remove the reference-method node, or set it to index)"
             )
-        model = self.klein.model
+        model = self.klein.core
         kv = None
         if ref_latents and model.variant.kv_cache:
             kv = self._reference_kv(model, ref_latents)
@@ -108,29 +108,23 @@ def run_memory(klein, latent_shape: tuple, ref_tokens: int) -> int:
     batches them)."""
     batch, _, h, w = latent_shape
     m = FLUX2.size_multiple
-    return estimate_memory(klein.model, SampleSettings(w * m, h * m, 1, 1.0, 0, batch), ref_tokens)
+    return estimate_memory(klein.core, SampleSettings(w * m, h * m, 1, 1.0, 0, batch), ref_tokens)
 
 
 def native_model(klein, kv_store):
     """A native ``MODEL`` (ModelPatcher) running ``klein`` (nodes.types.KleinModel)."""
-    config, net = klein.model.config, klein.model.transformer
-    return host.native_flux2_model(
+    from .native_classes import native_flux2_model  # subclasses of host classes: only when converting
+
+    config, net = klein.core.config, klein.core.transformer
+    return native_flux2_model(
         NativeDiT(klein, kv_store),
         hidden_size=config.hidden_size,
         guidance_embed=config.guidance_embed,
         dtype=net.dtype,
         patchers=klein.patchers,
-        memory_required=lambda shape, ref_tokens: run_memory(klein, shape, ref_tokens),
+        memory_estimate=lambda shape, ref_tokens: run_memory(klein, shape, ref_tokens),
         outer_sample=_outer_sample(klein),
-        weight_patch_refusal=WEIGHT_PATCHES_REFUSED,
     )
-
-
-WEIGHT_PATCHES_REFUSED = (
-    "native weight patches (LoraLoaderModelOnly, model merging) cannot change a model from FLUX.2 to native "
-    "MODEL: its weights are this pack's own. Load LoRAs with FLUX.2 [klein] LoRA Loader before FLUX.2 to "
-    "native MODEL"
-)
 
 
 def _outer_sample(klein):
@@ -139,7 +133,7 @@ def _outer_sample(klein):
 
     def wrapper(executor, noise, *args, **kwargs):
         host.load_all(klein.patchers, run_memory(klein, tuple(noise.shape), 0))
-        with model_run(klein.model, host.check_interrupt):
+        with model_run(klein.core, host.check_interrupt):
             return executor(noise, *args, **kwargs)
 
     return wrapper

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ..flux2_core import FIT_MODES, MAX_REFERENCE_PIXELS, encode_references, processed_size
-from . import convert, host, types
+from . import convert, host, sockets, types
 from .decode import tile_inputs
-from .types import socket
+from .sockets import io
 
 MEGAPIXEL = 1024 * 1024  # BFL's and diffusers' "1 MP" is 1024 x 1024
 MAX_MEGAPIXELS_TOOLTIP = (
@@ -29,45 +29,53 @@ TILE_SIZE_TOOLTIP = (
 )
 
 
-class Flux2KleinReferenceEncode:
-    DESCRIPTION = (
-        "Encodes reference images for editing with the FLUX.2 VAE. An image over the pixel cap is scaled "
-        "down to it; each is centre-cropped to multiples of 16. Chain several nodes to combine references."
-    )
-    CATEGORY = "flux2_klein/conditioning"
-    RETURN_TYPES = (types.REFERENCES,)
-    RETURN_NAMES = ("references",)
-    OUTPUT_TOOLTIPS = ("The references, in order, for the sampler or another Reference Encode.",)
-    FUNCTION = "encode"
-
+class Flux2KleinReferenceEncode(io.ComfyNode):
     @classmethod
-    def INPUT_TYPES(cls):
-        return {
-            "required": {
-                "vae": socket(types.VAE, "From FLUX.2 VAE Loader."),
-                "image": socket(
-                    types.IMAGE, "One or more images: a batch of n gives n references, in order."
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="Flux2KleinReferenceEncode",
+            display_name="FLUX.2 Reference Encode",
+            category="flux2_klein/conditioning",
+            description=(
+                "Encodes reference images for editing with the FLUX.2 VAE. An image over the pixel cap is "
+                "scaled down to it; each is centre-cropped to multiples of 16. Chain several nodes to "
+                "combine references."
+            ),
+            inputs=[
+                sockets.Vae.Input("vae", tooltip="From FLUX.2 VAE Loader."),
+                io.Image.Input(
+                    "image", tooltip="One or more images: a batch of n gives n references, in order."
                 ),
-            },
-            "optional": {
-                "references": socket(
-                    types.REFERENCES, "Earlier references: they come first, these after them."
+                sockets.References.Input(
+                    "references",
+                    optional=True,
+                    tooltip="Earlier references: they come first, these after them.",
                 ),
-                "max_megapixels": socket(
-                    "FLOAT",
-                    MAX_MEGAPIXELS_TOOLTIP,
+                io.Float.Input(
+                    "max_megapixels",
+                    optional=True,
+                    tooltip=MAX_MEGAPIXELS_TOOLTIP,
                     default=MAX_REFERENCE_PIXELS / MEGAPIXEL,
                     min=0.1,
                     max=16.0,
                     step=0.1,
+                ),  # fmt: skip
+                io.Combo.Input(
+                    "resize", options=list(FIT_MODES), optional=True, tooltip=RESIZE_TOOLTIP, default="crop"
                 ),
-                "resize": socket(list(FIT_MODES), RESIZE_TOOLTIP, default="crop"),
-                **tile_inputs(TILE_SIZE_TOOLTIP),
-            },
-        }
+                *tile_inputs(TILE_SIZE_TOOLTIP),
+            ],
+            outputs=[
+                sockets.References.Output(
+                    display_name="references",
+                    tooltip="The references, in order, for the sampler or another Reference Encode.",
+                )
+            ],
+        )
 
-    def encode(
-        self,
+    @classmethod
+    def execute(
+        cls,
         vae: types.KleinVAE,
         image,
         references=None,
@@ -88,7 +96,7 @@ class Flux2KleinReferenceEncode:
             tile_size=tile_size,
             tile_overlap=tile_overlap,
         )
-        return (encoded if references is None else references + encoded,)
+        return io.NodeOutput(encoded if references is None else references + encoded)
 
 
 def _encode_memory(vae, images: list, max_pixels: int, resize: str, tile_size: int, overlap: int) -> int:

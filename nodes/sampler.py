@@ -30,8 +30,8 @@ from ..flux2_core import (
     sample,
     settings_numbers,
 )
-from . import convert, host, types
-from .types import socket
+from . import convert, host, sockets, types
+from .sockets import io
 
 MIN_SIZE, SIZE_MULTIPLE = FLUX2.min_size, FLUX2.size_multiple
 KV_STORE = RefKVStore()  # reference K/V of the 9B-KV model, kept across queue runs
@@ -66,53 +66,79 @@ TOOLTIPS = {
 }
 
 
-class Flux2KleinSampler:
-    DESCRIPTION = (
-        "Generates FLUX.2 latents (klein and dev): text-to-image, editing when references are connected, "
-        "img2img with a latent and denoise below 1, inpainting with a latent that carries a noise mask. "
-        "Decode the result with FLUX.2 Decode (or native VAEDecode with the FLUX.2 VAE)."
-    )
-    CATEGORY = "flux2_klein/sampling"
-    RETURN_TYPES = (types.LATENT,)
-    RETURN_NAMES = ("latent",)
-    OUTPUT_TOOLTIPS = (
-        "FLUX.2 latents [batch, 128, height/16, width/16], the layout of native FLUX.2 latents.",
-    )
-    FUNCTION = "sample"
-
+class Flux2KleinSampler(io.ComfyNode):
     @classmethod
-    def INPUT_TYPES(cls):
+    def define_schema(cls) -> io.Schema:
         size = {"default": 1024, "min": 0, "max": MAX_SIZE, "step": SIZE_MULTIPLE}
-        return {
-            "required": {
-                "model": socket(types.MODEL, TOOLTIPS["model"]),
-                "positive": socket(types.CONDITIONING, TOOLTIPS["positive"]),
-                "seed": socket(
-                    "INT", TOOLTIPS["seed"], default=0, min=0, max=MAX_SEED, control_after_generate=True
+        return io.Schema(
+            node_id="Flux2KleinSampler",
+            display_name="FLUX.2 Sampler",
+            category="flux2_klein/sampling",
+            description=(
+                "Generates FLUX.2 latents (klein and dev): text-to-image, editing when references are "
+                "connected, img2img with a latent and denoise below 1, inpainting with a latent that carries "
+                "a noise mask. Decode the result with FLUX.2 Decode (or native VAEDecode with the FLUX.2 "
+                "VAE)."
+            ),
+            inputs=[
+                sockets.Model.Input("model", tooltip=TOOLTIPS["model"]),
+                sockets.Conditioning.Input("positive", tooltip=TOOLTIPS["positive"]),
+                io.Int.Input(
+                    "seed",
+                    tooltip=TOOLTIPS["seed"],
+                    default=0,
+                    min=0,
+                    max=MAX_SEED,
+                    control_after_generate=True,
                 ),
-                "steps": socket("INT", TOOLTIPS["steps"], default=4, min=1, max=MAX_STEPS),
-                "guidance": socket(
-                    "FLOAT", TOOLTIPS["guidance"], default=1.0, min=0.0, max=MAX_GUIDANCE, step=0.1
+                io.Int.Input("steps", tooltip=TOOLTIPS["steps"], default=4, min=1, max=MAX_STEPS),
+                io.Float.Input(
+                    "guidance", tooltip=TOOLTIPS["guidance"], default=1.0, min=0.0, max=MAX_GUIDANCE, step=0.1
                 ),
-                "width": socket("INT", TOOLTIPS["width"], **size),
-                "height": socket("INT", TOOLTIPS["height"], **size),
-                "batch_size": socket("INT", TOOLTIPS["batch_size"], default=1, min=1, max=MAX_BATCH),
-            },
-            "optional": {
-                "negative": socket(types.CONDITIONING, TOOLTIPS["negative"]),
-                "references": socket(types.REFERENCES, TOOLTIPS["references"]),
-                "latent": socket(types.LATENT, TOOLTIPS["latent"]),
-                "denoise": socket("FLOAT", TOOLTIPS["denoise"], default=1.0, min=0.0, max=1.0, step=0.01),
-                "kv_cache": socket(["reuse", "off"], TOOLTIPS["kv_cache"], default="reuse"),
-                "step_cache": socket(
-                    "FLOAT", TOOLTIPS["step_cache"], default=0.0, min=0.0, max=MAX_STEP_CACHE, step=0.01
-                ),
-            },
-        }
+                io.Int.Input("width", tooltip=TOOLTIPS["width"], **size),
+                io.Int.Input("height", tooltip=TOOLTIPS["height"], **size),
+                io.Int.Input("batch_size", tooltip=TOOLTIPS["batch_size"], default=1, min=1, max=MAX_BATCH),
+                sockets.Conditioning.Input("negative", optional=True, tooltip=TOOLTIPS["negative"]),
+                sockets.References.Input("references", optional=True, tooltip=TOOLTIPS["references"]),
+                io.Latent.Input("latent", optional=True, tooltip=TOOLTIPS["latent"]),
+                io.Float.Input(
+                    "denoise",
+                    optional=True,
+                    tooltip=TOOLTIPS["denoise"],
+                    default=1.0,
+                    min=0.0,
+                    max=1.0,
+                    step=0.01,
+                ),  # fmt: skip
+                io.Combo.Input(
+                    "kv_cache",
+                    options=["reuse", "off"],
+                    optional=True,
+                    tooltip=TOOLTIPS["kv_cache"],
+                    default="reuse",
+                ),  # fmt: skip
+                io.Float.Input(
+                    "step_cache",
+                    optional=True,
+                    tooltip=TOOLTIPS["step_cache"],
+                    default=0.0,
+                    min=0.0,
+                    max=MAX_STEP_CACHE,
+                    step=0.01,
+                ),  # fmt: skip
+            ],
+            outputs=[
+                io.Latent.Output(
+                    display_name="latent",
+                    tooltip="FLUX.2 latents [batch, 128, height/16, width/16], the layout of native FLUX.2 "
+                    "latents.",
+                )
+            ],
+        )
 
     @classmethod
-    def VALIDATE_INPUTS(cls, width=None, height=None):
-        # Defining these arguments turns off ComfyUI's min/max check for them, so the range is checked here.
+    def validate_inputs(cls, width=None, height=None):
+        # Naming these arguments turns off ComfyUI's min/max check for them, so the range is checked here.
         # A linked (not widget) value arrives as None and is checked by the core at run time.
         for name, value in (("width", width), ("height", height)):
             if value is None or value == 0:
@@ -124,26 +150,27 @@ class Flux2KleinSampler:
                 )
         return True
 
-    def sample(
-        self,
-        model,
-        positive,
-        seed,
-        steps,
-        guidance,
-        width,
-        height,
-        batch_size,
-        negative=None,
+    @classmethod
+    def execute(
+        cls,
+        model: types.KleinModel,
+        positive: types.KleinConditioning,
+        seed: int,
+        steps: int,
+        guidance: float,
+        width: int,
+        height: int,
+        batch_size: int,
+        negative: types.KleinConditioning | None = None,
         references=None,
         latent=None,
-        denoise=1.0,
-        kv_cache="reuse",
-        step_cache=0.0,
-    ):
+        denoise: float = 1.0,
+        kv_cache: str = "reuse",
+        step_cache: float = 0.0,
+    ) -> io.NodeOutput:
         width, height, batch_size = convert.output_size(width, height, batch_size, references, latent)
         settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
-        step = StepCache(step_cache)  # checked before anything is loaded
+        cache_rule = StepCache(step_cache)  # checked before anything is loaded
         check_request(*settings_numbers(settings))  # linked values skip the widget ranges
         grid = (height // SIZE_MULTIPLE, width // SIZE_MULTIPLE)
         noise_mask = latent.get("noise_mask") if isinstance(latent, dict) else None
@@ -151,8 +178,8 @@ class Flux2KleinSampler:
         start = convert.latent_samples(latent) if editing else None  # else the core says what is missing
         mask = latent_mask(noise_mask, grid, batch_size) if noise_mask is not None else None
         # the text encoder must be the model's (dev: Mistral, klein: its Qwen3), before the model is loaded
-        check_conditioning(model.model, positive.embeds)
-        required = estimate_memory(model.model, settings, references)
+        check_conditioning(model.core, positive.embeds)
+        required = estimate_memory(model.core, settings, references)
         host.load_all(model.patchers, required)  # every device of a block split: each needs the activations
         tokens = references.num_tokens if references is not None else 0
         what = f"sampling {width}x{height}" + (
@@ -162,9 +189,9 @@ class Flux2KleinSampler:
         for device in dict.fromkeys(p.load_device for p in model.patchers):
             check_fits(required, device, what, advice, free=host.free_memory(device))
         with host.out_of_memory(what, advice):
-            cache = self._reference_kv(model.model, references, kv_cache)
+            reference_kv = cls._reference_kv(model.core, references, kv_cache)
             samples = sample(
-                model.model,
+                model.core,
                 positive.embeds,
                 settings,
                 negative=negative.embeds if negative is not None else None,
@@ -174,13 +201,13 @@ class Flux2KleinSampler:
                 start=start,
                 strength=denoise,
                 mask=mask,
-                kv_cache=cache,
-                step_cache=step,
+                kv_cache=reference_kv,
+                step_cache=cache_rule,
             )
         out = {"samples": samples.to(host.intermediate_device())}
         if noise_mask is not None:  # kept, as native samplers keep it, for a second (refining) pass
             out["noise_mask"] = noise_mask
-        return convert.with_ui_text((out,), step.describe())
+        return sockets.output(out, text=cache_rule.describe())
 
     @staticmethod
     def _reference_kv(model, references, mode: str):

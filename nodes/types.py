@@ -42,14 +42,15 @@ FILL_CONDITIONING = "FLUX1_FILL_CONDITIONING"  # payload: flux2_core.FillConditi
 
 @dataclass
 class KleinModel:
-    """A loaded FLUX.2 DiT, klein or dev (``model.transformer`` is what ``patcher`` moves between devices).
+    """A loaded FLUX.2 DiT, klein or dev: ``core`` is the pack's model, ``core.transformer`` the module
+    ``patcher`` moves between devices.
 
     With its blocks split across devices (the loader's ``devices``), ``patcher`` manages the parts on the
     first device (the blocks there and everything outside the blocks, where the latents live) and
     ``more_patchers`` those on each further device, in order; ``split`` describes the split.
     """
 
-    model: Flux2Model
+    core: Flux2Model
     patcher: Any  # comfy.model_patcher.ModelPatcher
     more_patchers: tuple = ()
     split: str = ""  # "cuda:0: blocks 0-22 and the rest, 32.06 GB; cuda:1: blocks 23-55, 32.39 GB", or empty
@@ -97,9 +98,9 @@ class KleinConditioning:
 
 @dataclass
 class FillModel:
-    """A loaded FLUX.1 Fill DiT (``model.transformer`` is what ``patcher`` moves)."""
+    """A loaded FLUX.1 Fill DiT (``core.transformer`` is what ``patcher`` moves)."""
 
-    model: Flux1FillModel
+    core: Flux1FillModel
     patcher: Any
 
 
@@ -118,8 +119,3 @@ class FillVAE:
 
     vae: Flux1AutoEncoder
     patcher: Any
-
-
-def socket(kind: str | list, tooltip: str, **options) -> tuple:
-    """One V1 input spec: ``(type or combo list, {options..., "tooltip": ...})``."""
-    return (kind, {**options, "tooltip": tooltip})

@@ -6,12 +6,15 @@ an interrupt flag, ``comfy.model_patcher.ModelPatcher`` (which, like the real on
 ``comfy.latent_formats.Flux2`` / ``Flux`` and ``latent_preview.get_previewer`` (recording the latent
 format of each previewer). With ``comfy_dir``, the ``comfy`` modules' files lie in that folder, as in a
 ComfyUI checkout (where the host's tokenizer folders are found; ``comfy`` itself is a namespace package).
+ComfyUI's V3 node API (``comfy_api.latest``) is faked in ``fake_comfy_api``.
 ``FakeHost.installed`` puts them in sys.modules and takes them out again, so no other test module sees them.
-``load_pack`` imports the repository root the way ComfyUI loads a custom-node folder.
+``load_pack`` imports the repository root the way ComfyUI loads a custom-node folder, and ``pack_nodes``
+registers its nodes as ComfyUI does (``comfy_entrypoint`` -> the extension's ``get_node_list``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+import fake_comfy_api
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +36,8 @@ HOST_MODULES = (
     "comfy.patcher_extension",
     "comfy.latent_formats",
     "latent_preview",
+    "comfy_api",
+    "comfy_api.latest",
 )
 
 
@@ -96,6 +102,7 @@ class FakeHost:
                 if self.comfy_dir is not None:
                     module.__file__ = str(self.comfy_dir / (name.split(".", 1)[1] + ".py"))
         modules["comfy"] = comfy
+        modules.update(fake_comfy_api.build_modules())
         return modules
 
     def _folder_paths(self) -> ModuleType:
@@ -278,6 +285,32 @@ def load_pack(root: Path = REPO_ROOT) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@dataclass(frozen=True)
+class PackNodes:
+    """The nodes a pack registers: node id -> class, and node id -> display name (ComfyUI's two tables)."""
+
+    classes: dict
+    display_names: dict
+
+
+def pack_nodes(pack: ModuleType) -> PackNodes:
+    """Register ``pack``'s nodes as ComfyUI's loader does: await ``comfy_entrypoint()``, its ``on_load`` and
+    ``get_node_list``, and key each node class by its schema's id."""
+
+    async def node_list():
+        extension = await pack.comfy_entrypoint()
+        await extension.on_load()
+        return await extension.get_node_list()
+
+    classes, names = {}, {}
+    for node_class in asyncio.run(node_list()):
+        schema = node_class.GET_SCHEMA()
+        classes[schema.node_id] = node_class
+        if schema.display_name is not None:
+            names[schema.node_id] = schema.display_name
+    return PackNodes(classes, names)
 
 
 def unload_pack(root: Path = REPO_ROOT) -> None:

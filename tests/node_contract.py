@@ -3,11 +3,12 @@ then optional, each with its type) and output types.
 
 Saved workflows and API clients store the ids and the input names, so they never change; the README's
 "Nodes" table documents them. The node classes are checked against this table on the fake host
-(test_nodes.py, test_nodes_fill.py) and in a real ComfyUI's ``/object_info`` (integration/test_server.py);
-the workflow tests read the bundled workflows against it (test_workflows.py). The workflow generator reads the
-node classes themselves, so a change there that this table does not follow fails here, not in a user's graph.
+(test_nodes.py, test_nodes_fill.py: the V1 view ComfyUI derives from each V3 schema) and in a real
+ComfyUI's ``/object_info`` (integration/test_server.py); the workflow tests read the bundled workflows
+against it (test_workflows.py). The workflow generator reads the node classes themselves,
+so a change there that this table does not follow fails here, not in a user's graph.
 Input types: a socket type (``MODEL`` below, ``IMAGE``, ``LATENT``, ...), a widget type (``INT``, ``FLOAT``,
-``STRING``, ``BOOLEAN``) or ``COMBO`` (a list of choices).
+``STRING``, ``BOOLEAN``) or ``COMBO`` (a list of choices: ``("COMBO", {"options": [...]})`` in V3).
 """
 
 from __future__ import annotations
@@ -54,9 +55,15 @@ class Node:
         return [name for name, kind in (*self.required, *self.optional) if kind in WIDGET_TYPES]
 
 
-def kind_of(spec: tuple) -> str:
-    """The contract's type of one ``INPUT_TYPES`` entry (a list of choices is ``COMBO``)."""
+def kind_of(spec: tuple | list) -> str:
+    """The contract's type of one ``INPUT_TYPES`` / ``/object_info`` entry: V3 combos are
+    ``("COMBO", {"options": [...]})``, V1 ones a list of choices."""
     return "COMBO" if isinstance(spec[0], (list, tuple)) else spec[0]
+
+
+def choices(spec: tuple | list) -> list:
+    """The choices of a combo input's ``INPUT_TYPES`` / ``/object_info`` entry (V3 or V1 form)."""
+    return list(spec[0]) if isinstance(spec[0], (list, tuple)) else list(spec[1]["options"])
 
 
 LOADERS, CONDITIONING, SAMPLING, LATENT, INPAINT = (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from comfy_stubs import FakeHost, InterruptProcessingException, load_pack, unload_pack
+from comfy_stubs import FakeHost, InterruptProcessingException, load_pack, pack_nodes, unload_pack
 from node_contract import FILL_NODES, contract_mismatches
 from quant_files import write_gguf
 from tiny_dit import make_diffusers_dit
@@ -87,7 +87,7 @@ def host(fake_host):
 
 @pytest.fixture(scope="module")
 def nodes(pack):
-    return {node_id: cls() for node_id, cls in pack.NODE_CLASS_MAPPINGS.items()}
+    return pack_nodes(pack).classes
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +103,10 @@ def Flux2Error(core):
 
 @pytest.fixture(scope="module")
 def loaded(nodes, fake_host):
-    (model,) = nodes["Flux1FillModelLoader"].load("fill_tiny.safetensors")
-    (encoder,) = nodes["Flux1FillTextEncoderLoader"].load("t5_tiny.safetensors", "clip_tiny.safetensors")
-    (vae,) = nodes["Flux1FillVAELoader"].load("ae_tiny.safetensors")
-    (positive,) = nodes["Flux1FillTextEncode"].encode(encoder, PROMPT)
+    (model,) = nodes["Flux1FillModelLoader"].execute("fill_tiny.safetensors")
+    (encoder,) = nodes["Flux1FillTextEncoderLoader"].execute("t5_tiny.safetensors", "clip_tiny.safetensors")
+    (vae,) = nodes["Flux1FillVAELoader"].execute("ae_tiny.safetensors")
+    (positive,) = nodes["Flux1FillTextEncode"].execute(encoder, PROMPT)
     return dict(model=model, encoder=encoder, vae=vae, positive=positive)
 
 
@@ -123,7 +123,7 @@ def box_mask(height: int, width: int, top: int, left: int, bottom: int, right: i
 def run_sampler(nodes, loaded, source, mask, **overrides):
     args = dict(model=loaded["model"], positive=loaded["positive"], vae=loaded["vae"], image=source,
                 mask=mask, seed=7, steps=2, guidance=30.0)  # fmt: skip
-    latent, stitch = nodes["Flux1FillSampler"].sample(**{**args, **overrides})
+    latent, stitch = nodes["Flux1FillSampler"].execute(**{**args, **overrides})
     return latent, stitch
 
 
@@ -139,28 +139,28 @@ def test_the_nodes_follow_the_contract(pack):
     # the FLUX.1 Fill nodes against tests/node_contract.py: ids, display names, categories, every input's
     # name, type and order, the seed's control, the outputs
     for node_id, node in FILL_NODES.items():
-        cls = pack.NODE_CLASS_MAPPINGS[node_id]
-        assert not contract_mismatches(node_id, cls, pack.NODE_DISPLAY_NAME_MAPPINGS[node_id]), node_id
-        assert callable(getattr(cls, cls.FUNCTION)) and len(cls.OUTPUT_TOOLTIPS) == len(node.outputs)
+        cls = pack_nodes(pack).classes[node_id]
+        assert not contract_mismatches(node_id, cls, pack_nodes(pack).display_names[node_id]), node_id
+        assert len(cls.OUTPUT_TOOLTIPS) == len(node.outputs)
         assert cls.DESCRIPTION
 
 
 def test_ids_never_collide_with_native_ones(pack):
-    fill = [node_id for node_id in pack.NODE_CLASS_MAPPINGS if node_id.startswith("Flux1Fill")]
+    fill = [node_id for node_id in pack_nodes(pack).classes if node_id.startswith("Flux1Fill")]
     assert sorted(fill) == sorted(FILL_NODES)
-    assert not set(pack.NODE_CLASS_MAPPINGS) & NATIVE_IDS
+    assert not set(pack_nodes(pack).classes) & NATIVE_IDS
 
 
 def test_every_input_has_a_tooltip(pack):
     for node_id in FILL_NODES:
-        spec = pack.NODE_CLASS_MAPPINGS[node_id].INPUT_TYPES()
+        spec = pack_nodes(pack).classes[node_id].INPUT_TYPES()
         for name, (kind, options) in {**spec["required"], **spec.get("optional", {})}.items():
             assert options.get("tooltip"), f"{node_id}.{name} has no tooltip"
             assert isinstance(kind, list) or kind.isupper(), (node_id, name, kind)
 
 
 def test_widgets(pack):
-    classes = pack.NODE_CLASS_MAPPINGS
+    classes = pack_nodes(pack).classes
     spec = {k: v for part in classes["Flux1FillSampler"].INPUT_TYPES().values() for k, v in part.items()}
     assert spec["seed"][1].items() >= {"min": 0, "max": 2**64 - 1, "control_after_generate": True}.items()
     assert (spec["steps"][1]["default"], spec["steps"][1]["min"], spec["steps"][1]["max"]) == (50, 1, 200)
@@ -171,16 +171,20 @@ def test_widgets(pack):
     types = [spec[k][0] for k in ("model", "positive", "vae", "image", "mask")]
     assert types == ["FLUX1_FILL_MODEL", "FLUX1_FILL_CONDITIONING", "FLUX1_FILL_VAE", "IMAGE", "MASK"]
     loader = classes["Flux1FillModelLoader"].INPUT_TYPES()
-    assert loader["required"]["model_name"][0] == [
+    assert loader["required"]["model_name"][1]["options"] == [
         "fill_tiny-Q8_0.gguf", "fill_tiny.safetensors", "fill_tiny_comfy.safetensors",
         "fill_tiny_diffusers.safetensors", "klein_tiny.safetensors",
     ]  # fmt: skip
-    assert loader["optional"]["weight_dtype"][0] == ["default", "bfloat16", "float32"]  # no float16
+    assert loader["optional"]["weight_dtype"][1]["options"] == [
+        "default",
+        "bfloat16",
+        "float32",
+    ]  # no float16
     te = classes["Flux1FillTextEncoderLoader"].INPUT_TYPES()
     names = ["clip_tiny.safetensors", "qwen_tiny.safetensors", "t5_tiny.safetensors"]
-    assert te["required"]["t5_name"][0] == te["required"]["clip_name"][0] == names
-    assert te["optional"]["device"][0] == ["default", "cpu"]
-    vae_names = classes["Flux1FillVAELoader"].INPUT_TYPES()["required"]["vae_name"][0]
+    assert te["required"]["t5_name"][1]["options"] == te["required"]["clip_name"][1]["options"] == names
+    assert te["optional"]["device"][1]["options"] == ["default", "cpu"]
+    vae_names = classes["Flux1FillVAELoader"].INPUT_TYPES()["required"]["vae_name"][1]["options"]
     assert vae_names == ["ae_tiny.safetensors", "flux2_vae_tiny.safetensors"]
     decode = classes["Flux1FillDecode"].INPUT_TYPES()
     assert decode["required"]["latent"][0] == "LATENT" and decode["optional"]["tile_size"][1]["default"] == 0
@@ -193,12 +197,12 @@ def test_widgets(pack):
 
 def test_loaders_wrap_the_core_modules_in_patchers(loaded):
     model, encoder, vae = loaded["model"], loaded["encoder"], loaded["vae"]
-    assert model.patcher.model.module is model.model.transformer
+    assert model.patcher.model.module is model.core.transformer
     both = encoder.patcher.model.module
     assert list(both) == [encoder.encoder.t5.model, encoder.encoder.clip.model]  # one patcher moves both
     assert vae.patcher.model.module is vae.vae and vae.vae.latent_channels == 16
-    assert model.model.transformer.dtype == torch.float32 and model.model.config.in_channels == 384
-    assert model.patcher.size == sum(t.nbytes for t in model.model.transformer.state_dict().values())
+    assert model.core.transformer.dtype == torch.float32 and model.core.config.in_channels == 384
+    assert model.patcher.size == sum(t.nbytes for t in model.core.transformer.state_dict().values())
     assert encoder.encoder.widths == (T5_WIDTH, CLIP_WIDTH)
 
 
@@ -216,15 +220,15 @@ def test_a_missing_host_tokenizer_is_a_clear_error(nodes, pack, monkeypatch, tmp
     host_module = sys.modules[f"{pack.__name__}.nodes.host"]
     monkeypatch.setattr(host_module, "tokenizer_folders", lambda: [str(tmp_path / "sd1_tokenizer")])
     with pytest.raises(Flux2Error, match="sd1_tokenizer"):
-        nodes["Flux1FillTextEncoderLoader"].load("t5_tiny.safetensors", "clip_tiny.safetensors")
+        nodes["Flux1FillTextEncoderLoader"].execute("t5_tiny.safetensors", "clip_tiny.safetensors")
 
 
 @pytest.mark.parametrize(
     "name", ["fill_tiny_comfy.safetensors", "fill_tiny_diffusers.safetensors", "fill_tiny-Q8_0.gguf"]
 )
 def test_every_dit_layout_loads_and_samples(nodes, loaded, core, name):
-    (model,) = nodes["Flux1FillModelLoader"].load(name)
-    assert model.model.config == loaded["model"].model.config
+    (model,) = nodes["Flux1FillModelLoader"].execute(name)
+    assert model.core.config == loaded["model"].core.config
     latent, _ = run_sampler(
         nodes, {**loaded, "model": model}, image(64, 64), box_mask(64, 64, 16, 16, 48, 48)
     )
@@ -233,12 +237,12 @@ def test_every_dit_layout_loads_and_samples(nodes, loaded, core, name):
         plain, _ = run_sampler(nodes, loaded, image(64, 64), box_mask(64, 64, 16, 16, 48, 48))
         assert torch.equal(latent["samples"], plain["samples"])
     if name.endswith(".gguf"):
-        assert model.model.transformer.double_blocks[0].img_attn.qkv.weight.dtype == torch.uint8
+        assert model.core.transformer.double_blocks[0].img_attn.qkv.weight.dtype == torch.uint8
 
 
 def test_weight_dtype_choice(nodes):
-    (model,) = nodes["Flux1FillModelLoader"].load("fill_tiny.safetensors", weight_dtype="bfloat16")
-    assert model.model.transformer.dtype == torch.bfloat16
+    (model,) = nodes["Flux1FillModelLoader"].execute("fill_tiny.safetensors", weight_dtype="bfloat16")
+    assert model.core.transformer.dtype == torch.bfloat16
 
 
 # -- wrong files: each names the right one -------------------------------------------------------------------
@@ -246,37 +250,37 @@ def test_weight_dtype_choice(nodes):
 
 def test_a_klein_dit_in_the_fill_loader_names_the_fill_file(nodes, Flux2Error):
     with pytest.raises(Flux2Error, match="FLUX.2 model .* choose flux1-fill-dev.safetensors"):
-        nodes["Flux1FillModelLoader"].load("klein_tiny.safetensors")
+        nodes["Flux1FillModelLoader"].execute("klein_tiny.safetensors")
 
 
 def test_a_fill_dit_in_the_klein_loader_names_the_fill_loader(nodes, Flux2Error):
     with pytest.raises(Flux2Error, match="FLUX.1 Fill \\[dev\\].* not FLUX.2: load it with the FLUX.1 Fill"):
-        nodes["Flux2KleinModelLoader"].load("fill_tiny.safetensors", "auto")
+        nodes["Flux2KleinModelLoader"].execute("fill_tiny.safetensors", "auto")
 
 
 def test_a_qwen3_file_as_t5_names_the_t5_file(nodes, Flux2Error):
     with pytest.raises(Flux2Error, match="qwen_tiny.* language model .* choose t5xxl_fp16.safetensors"):
-        nodes["Flux1FillTextEncoderLoader"].load("qwen_tiny.safetensors", "clip_tiny.safetensors")
+        nodes["Flux1FillTextEncoderLoader"].execute("qwen_tiny.safetensors", "clip_tiny.safetensors")
     with pytest.raises(Flux2Error, match="qwen_tiny.* language model .* choose clip_l.safetensors"):
-        nodes["Flux1FillTextEncoderLoader"].load("t5_tiny.safetensors", "qwen_tiny.safetensors")
+        nodes["Flux1FillTextEncoderLoader"].execute("t5_tiny.safetensors", "qwen_tiny.safetensors")
 
 
 def test_swapped_t5_and_clip_name_the_right_files(nodes, Flux2Error):
     with pytest.raises(Flux2Error, match="clip_tiny.safetensors is .* not a T5 encoder: choose t5xxl_fp16"):
-        nodes["Flux1FillTextEncoderLoader"].load("clip_tiny.safetensors", "t5_tiny.safetensors")
+        nodes["Flux1FillTextEncoderLoader"].execute("clip_tiny.safetensors", "t5_tiny.safetensors")
 
 
 def test_the_flux2_vae_in_the_fill_vae_loader_names_ae(nodes, Flux2Error):
     with pytest.raises(Flux2Error, match="FLUX.2 VAE .* needs ae.safetensors"):
-        nodes["Flux1FillVAELoader"].load("flux2_vae_tiny.safetensors")
+        nodes["Flux1FillVAELoader"].execute("flux2_vae_tiny.safetensors")
 
 
 def test_flux1_files_in_the_klein_loaders_name_the_klein_files(nodes, Flux2Error):
     for name in ("t5_tiny.safetensors", "clip_tiny.safetensors"):
         with pytest.raises(Flux2Error, match=r"a FLUX.1 text encoder.*qwen_3_4b.safetensors.*qwen_3_8b"):
-            nodes["Flux2KleinTextEncoderLoader"].load(name)
+            nodes["Flux2KleinTextEncoderLoader"].execute(name)
     with pytest.raises(Flux2Error, match="FLUX.1 .* VAE .* needs flux2-vae.safetensors"):
-        nodes["Flux2KleinVAELoader"].load("ae_tiny.safetensors")
+        nodes["Flux2KleinVAELoader"].execute("ae_tiny.safetensors")
 
 
 def test_an_empty_folder_names_the_fill_files_and_their_links(nodes, pack, fake_host, Flux2Error):
@@ -293,10 +297,10 @@ def test_an_empty_folder_names_the_fill_files_and_their_links(nodes, pack, fake_
         aside.mkdir(exist_ok=True)
         moved = [f.rename(aside / f.name) for f in list(fake_host.folder(folder).iterdir())]
         try:
-            (choice,) = pack.NODE_CLASS_MAPPINGS[node_id].INPUT_TYPES()["required"][widget][0]
+            (choice,) = pack_nodes(pack).classes[node_id].INPUT_TYPES()["required"][widget][1]["options"]
             assert choice == f"(models/{folder} is empty: get {filename})"
             with pytest.raises(Flux2Error, match=f"holds no model file: download {filename}") as e:
-                getattr(nodes[node_id], pack.NODE_CLASS_MAPPINGS[node_id].FUNCTION)(choice)
+                nodes[node_id].execute(choice)
             assert link in str(e.value) and f"into ComfyUI/models/{folder}/" in str(e.value)
         finally:
             for f in moved:
@@ -312,7 +316,7 @@ def test_an_empty_folder_names_the_fill_files_and_their_links(nodes, pack, fake_
 
 
 def test_text_encode_gives_cpu_conditioning_equal_to_the_core_and_frees_the_encoder(nodes, loaded, host):
-    (cond,) = nodes["Flux1FillTextEncode"].encode(loaded["encoder"], "a cat")
+    (cond,) = nodes["Flux1FillTextEncode"].execute(loaded["encoder"], "a cat")
     assert cond.t5.shape == (1, 512, T5_WIDTH) and cond.pooled.shape == (1, CLIP_WIDTH)
     assert cond.t5.dtype == torch.float32 and cond.t5.device.type == "cpu"
     patcher = loaded["encoder"].patcher
@@ -336,16 +340,16 @@ def test_inpaint_chain_keeps_every_pixel_outside_the_mask(nodes, loaded, host):
     assert all(preview == ("JPEG", (1, 16, 10, 12), 512) for _, _, preview in host.progress)
     assert host.previewers == ["Flux"]  # FLUX.1 previews: native FLUX.1 latent format
     assert (loaded["vae"].patcher, True) in host.loads and (loaded["model"].patcher, True) in host.loads
-    assert not any(b._forward_pre_hooks for b in loaded["model"].model.transformer.blocks())  # hooks removed
-    (decoded,) = nodes["Flux1FillDecode"].decode(loaded["vae"], latent)
+    assert not any(b._forward_pre_hooks for b in loaded["model"].core.transformer.blocks())  # hooks removed
+    (decoded,) = nodes["Flux1FillDecode"].execute(loaded["vae"], latent)
     assert decoded.shape == (1, 80, 96, 3) and 0.0 <= decoded.min() and decoded.max() <= 1.0
     outside = mask[0] < 0.5
     for feather in (0, 6):
-        (out,) = nodes["Flux2KleinComposite"].composite(decoded, stitch, feather)
+        (out,) = nodes["Flux2KleinComposite"].execute(decoded, stitch, feather)
         assert out.shape == source.shape
         assert torch.equal(out[0][outside], source[0][outside])
         assert not torch.equal(out[0][~outside], source[0][~outside])
-    (hard,) = nodes["Flux2KleinComposite"].composite(decoded, stitch, 0)
+    (hard,) = nodes["Flux2KleinComposite"].execute(decoded, stitch, 0)
     assert torch.equal(hard[0][~outside], decoded[0][~outside])  # a hard mask: wholly the painted pixels
 
 
@@ -356,7 +360,7 @@ def test_the_node_gives_what_the_core_gives(nodes, loaded, core):
     pixels = (crop * 2 - 1).permute(2, 0, 1)[None]
     fill = core.fill_inputs(loaded["vae"].vae, pixels, crop_mask)
     settings = core.FillSettings(seed=11, steps=2, guidance=30.0)
-    direct = core.sample_fill(loaded["model"].model, loaded["positive"], fill, settings)
+    direct = core.sample_fill(loaded["model"].core, loaded["positive"], fill, settings)
     assert torch.equal(latent["samples"], direct)
 
 
@@ -395,8 +399,8 @@ def test_crop_to_mask_samples_only_the_masks_neighbourhood(nodes, loaded):
     latent, stitch = run_sampler(nodes, loaded, source, mask, crop_to_mask=True, context=8, steps=1)
     assert latent["samples"].shape == (1, 16, 32, 32)  # a 64 px box, enlarged 4x
     assert stitch.box[2:] == (64, 64) and stitch.size == (256, 256)
-    (decoded,) = nodes["Flux1FillDecode"].decode(loaded["vae"], latent)
-    (out,) = nodes["Flux2KleinComposite"].composite(decoded, stitch, 4)
+    (decoded,) = nodes["Flux1FillDecode"].execute(loaded["vae"], latent)
+    (out,) = nodes["Flux2KleinComposite"].execute(decoded, stitch, 4)
     assert out.shape == source.shape
     outside = mask[0] < 0.5
     assert torch.equal(out[0][outside], source[0][outside])
@@ -405,11 +409,11 @@ def test_crop_to_mask_samples_only_the_masks_neighbourhood(nodes, loaded):
 
 def test_outpaint_through_the_pad_node(nodes, loaded):
     source = image(64, 64, seed=6)
-    canvas, mask = nodes["Flux2KleinOutpaintPad"].pad(source, 0, 0, 32, 16, 8)
+    canvas, mask = nodes["Flux2KleinOutpaintPad"].execute(source, 0, 0, 32, 16, 8)
     latent, stitch = run_sampler(nodes, loaded, canvas, mask)
     assert latent["samples"].shape == (1, 16, 10, 12)
-    (decoded,) = nodes["Flux1FillDecode"].decode(loaded["vae"], latent)
-    (out,) = nodes["Flux2KleinComposite"].composite(decoded, stitch, 8)
+    (decoded,) = nodes["Flux1FillDecode"].execute(loaded["vae"], latent)
+    (out,) = nodes["Flux2KleinComposite"].execute(decoded, stitch, 8)
     assert out.shape == (1, 80, 96, 3)
     kept = mask[0] == 0
     assert torch.equal(out[0][kept], canvas[0][kept]) and torch.equal(out[0, :56, :56], source[0, :56, :56])
@@ -462,8 +466,8 @@ def test_a_batch_gives_that_many_different_images(nodes, loaded, pack):
             patch.setattr(sampling, "make_noise", item(k))
             single, _ = run_sampler(nodes, loaded, source, mask)
         torch.testing.assert_close(samples[k : k + 1], single["samples"], atol=1e-5, rtol=0)  # batched: ~1e-6
-    (decoded,) = nodes["Flux1FillDecode"].decode(loaded["vae"], latent)
-    (out,) = nodes["Flux2KleinComposite"].composite(decoded, stitch, 0)
+    (decoded,) = nodes["Flux1FillDecode"].execute(loaded["vae"], latent)
+    (out,) = nodes["Flux2KleinComposite"].execute(decoded, stitch, 0)
     assert out.shape == (2, 64, 64, 3)
 
 
@@ -510,32 +514,32 @@ def test_interrupt_before_and_during_the_run(nodes, loaded, host):
         run_sampler(nodes, loaded, source, mask, steps=3)
     assert caught.type is InterruptProcessingException and not isinstance(caught.value, Exception)
     assert [value for value, _, _ in host.progress] == [1]
-    assert not any(b._forward_pre_hooks for b in loaded["model"].model.transformer.blocks())
+    assert not any(b._forward_pre_hooks for b in loaded["model"].core.transformer.blocks())
 
 
 def test_decode_is_the_raw_vae_decode_of_a_native_flux1_latent(nodes, loaded, Flux2Error):
     latent = torch.randn(2, 16, 8, 6, generator=torch.Generator().manual_seed(1))  # VAEEncode's layout
-    (pixels,) = nodes["Flux1FillDecode"].decode(loaded["vae"], {"samples": latent})
+    (pixels,) = nodes["Flux1FillDecode"].execute(loaded["vae"], {"samples": latent})
     expected = ((loaded["vae"].vae.decode(latent) + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1)
     assert pixels.shape == (2, 64, 48, 3)
     torch.testing.assert_close(pixels, expected)
-    (tiled,) = nodes["Flux1FillDecode"].decode(loaded["vae"], {"samples": latent}, 128, 32)
+    (tiled,) = nodes["Flux1FillDecode"].execute(loaded["vae"], {"samples": latent}, 128, 32)
     assert tiled.shape == pixels.shape
     with pytest.raises(Flux2Error, match="not a FLUX.1 latent .* Fill \\[dev\\] Sampler"):
-        nodes["Flux1FillDecode"].decode(loaded["vae"], {"samples": torch.zeros(1, 128, 4, 4)})
+        nodes["Flux1FillDecode"].execute(loaded["vae"], {"samples": torch.zeros(1, 128, 4, 4)})
 
 
 def test_the_klein_decode_refuses_a_fill_latent(nodes, loaded, Flux2Error):
     latent, _ = run_sampler(nodes, loaded, image(64, 64), box_mask(64, 64, 0, 0, 32, 32), steps=1)
     with pytest.raises(Flux2Error, match="not a FLUX.2 latent"):
-        nodes["Flux2KleinDecode"].decode(None, latent)
+        nodes["Flux2KleinDecode"].execute(None, latent)
 
 
 def test_text_encoders_on_the_cpu_choice(nodes, loaded):
-    (encoder,) = nodes["Flux1FillTextEncoderLoader"].load(
+    (encoder,) = nodes["Flux1FillTextEncoderLoader"].execute(
         "t5_tiny.safetensors", "clip_tiny.safetensors", device="cpu"
     )
-    (cond,) = nodes["Flux1FillTextEncode"].encode(encoder, PROMPT)
+    (cond,) = nodes["Flux1FillTextEncode"].execute(encoder, PROMPT)
     assert torch.equal(cond.t5, loaded["positive"].t5)
 
 
@@ -577,13 +581,13 @@ def test_the_step_cache_input_says_what_it_did(nodes, loaded, pack):
     (same, _) = run_sampler(nodes, loaded, source, mask, steps=8, step_cache=0.0)
     assert torch.equal(plain["samples"], same["samples"])
     shown = run_sampler_ui(nodes, loaded, source, mask, steps=8, step_cache=1.0)
-    (text,) = shown["ui"]["text"]
+    (text,) = shown.ui["text"]
     assert text.startswith("step cache 1: ") and text.endswith(" of 8 steps ran every block")
     full = int(text.split(": ")[1].split(" ")[0])
-    assert 0 < full < 8 and not torch.equal(shown["result"][0]["samples"], plain["samples"])
+    assert 0 < full < 8 and not torch.equal(shown.args[0]["samples"], plain["samples"])
 
 
 def run_sampler_ui(nodes, loaded, source, mask, **overrides):
     args = dict(model=loaded["model"], positive=loaded["positive"], vae=loaded["vae"], image=source,
                 mask=mask, seed=7, steps=2, guidance=30.0)  # fmt: skip
-    return nodes["Flux1FillSampler"].sample(**{**args, **overrides})
+    return nodes["Flux1FillSampler"].execute(**{**args, **overrides})

@@ -1,8 +1,9 @@
 """Node schemas: what the graph editor needs to know about each node type a workflow uses.
 
-The pack's own nodes are read from their classes (``INPUT_TYPES``, ``RETURN_TYPES``, ``RETURN_NAMES`` and the
-display names), imported the way ComfyUI imports the folder, under the test suite's fake host
-(``tests/comfy_stubs.py``), so the workflows can never drift from the nodes. The few native ComfyUI nodes the
+The pack's own nodes are read from their classes (the V1 view ComfyUI derives from each V3 schema:
+``INPUT_TYPES``, ``RETURN_TYPES``, ``RETURN_NAMES``, and the schema's display name), registered the way
+ComfyUI registers the folder, under the test suite's fake host (``tests/comfy_stubs.py``), so the workflows
+can never drift from the nodes. The few native ComfyUI nodes the
 workflows use are written below; the integration tests check them against a real server's ``/object_info``.
 Link inputs and widgets are listed in ``INPUT_TYPES`` order (required first, then optional).
 """
@@ -54,7 +55,7 @@ def spec_of(node_class, display_name: str) -> NodeSpec:
         for name, (kind, *rest) in declared.get(section, {}).items():
             options = rest[0] if rest else {}
             optional = section == "optional"
-            combo = isinstance(kind, (list, tuple))
+            combo = kind == "COMBO" or isinstance(kind, (list, tuple))  # V3 combos / V1 lists of choices
             if combo or kind in WIDGET_TYPES:
                 widget_type = "COMBO" if combo else kind
                 control = bool(options.get("control_after_generate"))
@@ -70,7 +71,7 @@ def load_pack():
     """(node specs, model-file table) of the pack, imported under the fake host and removed again."""
     sys.path.insert(0, str(REPO / "tests"))  # the fake host lives with the tests; only for this import
     try:
-        from comfy_stubs import FakeHost
+        from comfy_stubs import FakeHost, pack_nodes
     finally:
         sys.path.remove(str(REPO / "tests"))
     with tempfile.TemporaryDirectory() as models, FakeHost(Path(models)).installed():
@@ -81,9 +82,10 @@ def load_pack():
         sys.modules[PACK_MODULE] = pack
         try:
             spec.loader.exec_module(pack)
+            registered = pack_nodes(pack)
             specs = {
-                node_id: spec_of(cls, pack.NODE_DISPLAY_NAME_MAPPINGS[node_id])
-                for node_id, cls in pack.NODE_CLASS_MAPPINGS.items()
+                node_id: spec_of(cls, registered.display_names[node_id])
+                for node_id, cls in registered.classes.items()
             }
             files = sys.modules[f"{PACK_MODULE}.nodes.model_files"].FILES
         finally:

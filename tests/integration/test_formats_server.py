@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from conftest import GGUF_DIT, LORA_FILE, QUANTISED_DITS
+from node_contract import choices
 
 
 def _workflow(comfy, name: str, **sampler) -> dict:
@@ -21,11 +22,11 @@ def _pixels(comfy, entry) -> np.ndarray:
 
 def test_loader_lists_hold_quantised_and_gguf_files(comfy):
     info = comfy.object_info()
-    models = info["Flux2KleinModelLoader"]["input"]["required"]["model_name"][0]
+    models = choices(info["Flux2KleinModelLoader"]["input"]["required"]["model_name"])
     assert {GGUF_DIT, *QUANTISED_DITS} <= set(models), models
-    assert LORA_FILE in info["Flux2KleinLoraLoader"]["input"]["required"]["lora_name"][0]
+    assert LORA_FILE in choices(info["Flux2KleinLoraLoader"]["input"]["required"]["lora_name"])
     # native loaders keep their own lists: our GGUF listing does not leak into them
-    assert GGUF_DIT not in info["UNETLoader"]["input"]["required"]["unet_name"][0]
+    assert GGUF_DIT not in choices(info["UNETLoader"]["input"]["required"]["unet_name"])
 
 
 def test_gguf_model_from_the_unet_folder_runs(comfy):

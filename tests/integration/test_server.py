@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from node_contract import CONTRACT as NODE_CONTRACT
-from node_contract import kind_of
+from node_contract import choices, kind_of
 
 REPO = Path(__file__).resolve().parents[2]
 EDITOR_WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
@@ -109,14 +109,14 @@ def test_object_info_has_every_node_with_the_contract_inputs(comfy):
         "flux-2-klein-base-4b.safetensors",
         "flux-2-klein-9b-kv.safetensors",
         "flux2-dev.safetensors",
-    } <= set(info["Flux2KleinModelLoader"]["input"]["required"]["model_name"][0])
+    } <= set(choices(info["Flux2KleinModelLoader"]["input"]["required"]["model_name"]))
     assert {
         "qwen_3_4b.safetensors",
         "qwen_3_8b.safetensors",
         "mistral_3_small_flux2_bf16.safetensors",
-    } <= set(info["Flux2KleinTextEncoderLoader"]["input"]["required"]["text_encoder_name"][0])
-    assert "flux2-vae.safetensors" in info["Flux2KleinVAELoader"]["input"]["required"]["vae_name"][0]
-    assert info["Flux2KleinModelLoader"]["input"]["required"]["variant"][0] == [
+    } <= set(choices(info["Flux2KleinTextEncoderLoader"]["input"]["required"]["text_encoder_name"]))
+    assert "flux2-vae.safetensors" in choices(info["Flux2KleinVAELoader"]["input"]["required"]["vae_name"])
+    assert choices(info["Flux2KleinModelLoader"]["input"]["required"]["variant"]) == [
         "auto",
         "distilled",
         "base",
@@ -124,7 +124,8 @@ def test_object_info_has_every_node_with_the_contract_inputs(comfy):
         "dev",
     ]
     # a server started with --cpu: the text encoder's device choices are these two (then any accelerators)
-    assert info["Flux2KleinTextEncoderLoader"]["input"]["optional"]["device"][0][:2] == ["default", "cpu"]
+    devices = choices(info["Flux2KleinTextEncoderLoader"]["input"]["optional"]["device"])
+    assert devices[:2] == ["default", "cpu"]
     # the pack registers exactly these nodes, found as "FLUX.2 ..." / "FLUX.1 Fill [dev] ..." in the search
     ours = [i for i, n in info.items() if n["python_module"] == "custom_nodes.comfyui-flux2-klein"]
     assert sorted(ours) == sorted(CONTRACT)
@@ -355,7 +356,7 @@ def frontend_registers(comfy, node_type: str) -> bool:
 
 
 def widget_type(spec: list) -> str:
-    return "COMBO" if isinstance(spec[0], list) else spec[0]
+    return kind_of(spec)
 
 
 def input_spec(info: dict, name: str):

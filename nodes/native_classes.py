@@ -1,0 +1,67 @@
+"""The native ComfyUI classes a FLUX.2 native ``MODEL`` of ours is made of: a ``comfy.model_base.Flux2``
+whose diffusion model is ours, and the ``ModelPatcher`` that refuses native weight patches.
+
+They subclass host classes, so this module imports the host at the top and is itself imported only when a
+model is converted (``native_model.native_model``); the core and the rest of the node layer never need it.
+What the classes compute with (our DiT, the memory estimate) is passed in when a model is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import comfy.model_base
+import comfy.model_patcher
+import comfy.patcher_extension as ext
+import comfy.supported_models
+import torch
+
+from ..flux2_core import Flux2Error
+
+NATIVE_KEY = "flux2_klein"
+WEIGHT_PATCHES_REFUSED = (
+    "native weight patches (LoraLoaderModelOnly, model merging) cannot change a model from FLUX.2 to native "
+    "MODEL: its weights are this pack's own. Load LoRAs with FLUX.2 [klein] LoRA Loader before FLUX.2 to "
+    "native MODEL"
+)
+MemoryEstimate = Callable[[tuple, int], int]  # (noise shape [B, 128, h, w], reference tokens) -> bytes
+
+
+class Flux2KleinNativeModel(comfy.model_base.Flux2):
+    """Native FLUX.2 (latent format, model_sampling, extra_conds) around our DiT, with our memory estimate."""
+
+    def __init__(self, config, dit: torch.nn.Module, memory_estimate: MemoryEstimate, device: torch.device):
+        super().__init__(config, device=device)
+        self.diffusion_model = dit
+        self.memory_estimate = memory_estimate
+
+    def memory_required(self, input_shape, cond_shapes={}):  # noqa: B006  (native's signature)
+        refs = cond_shapes.get("ref_latents") or []  # native's [1, 16, tokens] per batch of references
+        return self.memory_estimate(tuple(input_shape), sum(int(s[-1]) for s in refs))
+
+
+class Flux2KleinNativePatcher(comfy.model_patcher.ModelPatcher):
+    def add_patches(self, patches, strength_patch=1.0, strength_model=1.0):
+        # Native LoRA loading maps a file's keys to this model's (none match: its weights are not native's),
+        # then adds what matched: the call comes even when nothing did.
+        raise Flux2Error(WEIGHT_PATCHES_REFUSED)
+
+
+def native_flux2_model(dit, *, hidden_size: int, guidance_embed: bool, dtype: torch.dtype, patchers: list,
+                       memory_estimate: MemoryEstimate, outer_sample) -> Flux2KleinNativePatcher:  # fmt: skip
+    """A native FLUX.2 ``MODEL`` whose ``diffusion_model`` is ``dit``.
+
+    ``patchers`` (the weights' own) become the MODEL's additional models, so native sampling loads and keeps
+    them with it; ``outer_sample`` wraps every sampling run; ``memory_estimate`` is the activation
+    estimate."""
+    config = comfy.supported_models.Flux2({
+        "image_model": "flux2", "hidden_size": hidden_size, "in_channels": 128, "out_channels": 128,
+        "patch_size": 1, "guidance_embed": guidance_embed, "disable_unet_model_creation": True,
+    })  # fmt: skip
+    config.set_inference_dtype(dtype, None)
+    first = patchers[0]
+    model = Flux2KleinNativeModel(config, dit, memory_estimate, first.offload_device)
+    patcher = Flux2KleinNativePatcher(model, first.load_device, first.offload_device)
+    patcher.set_additional_models(NATIVE_KEY, list(patchers))
+    patcher.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, NATIVE_KEY, outer_sample)
+    return patcher
