@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from node_contract import choices
 
 KLEIN, DEV = "Comfy-Org/flux2-klein", "Comfy-Org/flux2-dev"
 LINKS = {  # node -> (widget, folder, the file to get, its repo)
@@ -15,7 +16,7 @@ LINKS = {  # node -> (widget, folder, the file to get, its repo)
 @pytest.mark.parametrize("node_type", sorted(LINKS))
 def test_an_empty_folder_shows_in_the_list_and_the_loader_names_the_file_and_link(empty_comfy, node_type):
     widget, folder, filename, repo = LINKS[node_type]
-    (choice,) = empty_comfy.object_info()[node_type]["input"]["required"][widget][0]
+    (choice,) = choices(empty_comfy.object_info()[node_type]["input"]["required"][widget])
     assert choice == f"(models/{folder} is empty: get {filename})"
     inputs = {widget: choice}
     if node_type == "Flux2KleinModelLoader":
