@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "fixtures")]
 from tiny_dit import make_diffusers_dit  # noqa: E402
 
 

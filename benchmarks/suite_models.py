@@ -140,7 +140,7 @@ def dit_flops(config: Flux2Config, case: Case) -> float:
 
 
 def random_fill_(model: torch.nn.Module, seed: int) -> None:
-    """Random weights as tests/tiny_dit.py draws them (norm scales near 1, unit-variance linear outputs),
+    """Random weights as fixtures/tiny_dit.py draws them (norm scales near 1, unit-variance linear outputs),
     drawn on the parameters' own device (so a meta-built model is filled on the GPU)."""
     if on_meta(model):  # a dry run: shapes only, nothing to fill
         return

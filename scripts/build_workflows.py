@@ -15,7 +15,7 @@ writes:
 
 Both come from the same graph, so they cannot drift apart, and the pack's node schemas come from the node
 classes themselves (``workflow_builder/schemas.py``), so neither can drift from the nodes;
-tests/test_workflows.py regenerates them in memory and compares them with the committed files.
+tests/workflows/test_workflows.py regenerates them in memory and compares them with the committed files.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The pack's own nodes are read from their classes (the V1 view ComfyUI derives from each V3 schema:
 ``INPUT_TYPES``, ``RETURN_TYPES``, ``RETURN_NAMES``, and the schema's display name), registered the way
-ComfyUI registers the folder, under the test suite's fake host (``tests/comfy_stubs.py``), so the workflows
-can never drift from the nodes. The few native ComfyUI nodes the
+ComfyUI registers the folder, under the test suite's fake host (``tests/fixtures/comfy_stubs.py``), so the
+workflows can never drift from the nodes. The few native ComfyUI nodes the
 workflows use are written below; the integration tests check them against a real server's ``/object_info``.
 Link inputs and widgets are listed in ``INPUT_TYPES`` order (required first, then optional).
 """
@@ -69,11 +69,11 @@ def spec_of(node_class, display_name: str) -> NodeSpec:
 
 def load_pack():
     """(node specs, model-file table) of the pack, imported under the fake host and removed again."""
-    sys.path.insert(0, str(REPO / "tests"))  # the fake host lives with the tests; only for this import
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))  # the fake host; for this import only
     try:
         from comfy_stubs import FakeHost, pack_nodes
     finally:
-        sys.path.remove(str(REPO / "tests"))
+        sys.path.remove(str(REPO / "tests" / "fixtures"))
     with tempfile.TemporaryDirectory() as models, FakeHost(Path(models)).installed():
         spec = importlib.util.spec_from_file_location(
             PACK_MODULE, REPO / "__init__.py", submodule_search_locations=[str(REPO)]

@@ -17,7 +17,7 @@ One server is started per session, on the CPU, in a temporary base folder:
   decoder, which native reads from the weights and which keeps decoding fast;
 - ``not-a-dit.safetensors`` in diffusion_models is a copy of the VAE (for the error tests);
 - FLUX.1 Fill [dev] under the names its bundled workflows use (``flux1-fill-dev.safetensors``,
-  ``t5xxl_fp16.safetensors``, ``clip_l.safetensors``, ``ae.safetensors``): ``tests/tiny_flux1.py``'s tiny DiT
+  ``t5xxl_fp16.safetensors``, ``clip_l.safetensors``, ``ae.safetensors``): ``tiny_flux1.py``'s tiny DiT
   (hidden 256 = 2 heads of 128, 1 + 1 blocks, 384 input channels) reading the tiny T5's 32-wide and CLIP's
   64-wide outputs, and its 32-wide FLUX.1 VAE. These workflows run only our nodes, which read every width
   from the weights; native ComfyUI would need a Fill DiT with the real 4096 / 768 text widths (its CLIP-L and
@@ -27,7 +27,7 @@ One server is started per session, on the CPU, in a temporary base folder:
 - FLUX.2 [dev] under its official names: ``flux2-dev.safetensors``, a tiny DiT of the klein rig's widths with
   the guidance embedder (hidden 256, 48-wide text = 3 x the tiny Mistral's 16) and 2 + 2 blocks, so that a
   split across two devices puts blocks on both (the parts outside the blocks outweigh one block), and
-  ``mistral_3_small_flux2_bf16.safetensors``, ``tests/tiny_mistral.py``'s Mistral3 language model written as
+  ``mistral_3_small_flux2_bf16.safetensors``, ``tiny_mistral.py``'s Mistral3 language model written as
   ComfyUI's file (``model.`` names, the first 30 layers, no final norm or lm_head, no config.json, so Mistral
   Small's head size 128) with its Tekken tokenizer inside as the ``tekken_model`` tensor, as ComfyUI's
   own files carry it (a v7 tekken.json: mistral-common's vocabulary and the explicit control-token list);

@@ -1,6 +1,6 @@
 """The node pack inside a real ComfyUI server: schemas, the bundled workflows, interrupt, error reporting.
 
-The expected node contract is tests/node_contract.py (the README's node table), never read from the pack's own
+The expected node contract is fixtures/node_contract.py, never read from the pack's own
 classes, so a renamed, retyped or reordered input fails here.
 """
 

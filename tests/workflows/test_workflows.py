@@ -1,7 +1,7 @@
 """The bundled workflows (editor and API format) and the headless client's pure parts. No ComfyUI needed.
 
 The workflows are read against the node contract (tests/node_contract.py), which the node classes are held to
-(test_nodes.py, test_nodes_fill.py, and a real server's /object_info in the integration tests), while the
+(tests/nodes/, and a real server's /object_info in the integration tests), while the
 generator reads the node classes themselves: a node that changes without its contract fails there, and a
 generator that drifts from either fails here.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from node_contract import CONTRACT as NODE_CONTRACT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / "workflows"
 API = WORKFLOWS / "api"
 

@@ -1,8 +1,8 @@
-"""The FLUX.1 Fill [dev] nodes on a fake host (tests/comfy_stubs.py) and tiny random files, on the CPU.
+"""The FLUX.1 Fill [dev] nodes on a fake host (comfy_stubs.py) and tiny random files, on the CPU.
 
 The files are the layouts users have (BFL and diffusers DiTs, a GGUF, ComfyUI's T5 / CLIP files, a FLUX.1
 VAE), and the tokenizers are full-size CLIP / T5 vocabularies generated at test time
-(tests/tiny_flux1.py), laid out where a ComfyUI checkout has them, so the loader's host tokenizer lookup runs
+(tiny_flux1.py), laid out where a ComfyUI checkout has them, so the loader's host tokenizer lookup runs
 as it does in ComfyUI.
 """
 

@@ -22,7 +22,7 @@ from tiny_vae import write_bfl_file as write_vae_file
 from flux2_core import SampleSettings, load_text_encoder, load_transformer, load_vae, sample
 from flux2_core.cli.main import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PROMPT = "a red fox in the snow"
 STEPS, SEED, GUIDANCE = 3, 5, 4.0
 

@@ -23,7 +23,7 @@ from flux2_core.errors import Flux2Error
 from flux2_core.vae import tiling as vae_tiling
 from flux2_core.vae.tiling import blend_tiles, resolve_tile, tile_starts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # TINY_VAE's four levels (so the decoder's receptive field spans several latent cells), every level 32 wide
 # to keep the CPU time down.
 CHEAP_VAE = replace(TINY_VAE, ch_mult=(1, 1, 1, 1), decoder_ch_mult=(1, 1, 1, 1))

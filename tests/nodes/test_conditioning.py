@@ -1,0 +1,33 @@
+"""FLUX.2 Text Encode and Reference Encode."""
+
+from __future__ import annotations
+
+import torch
+from klein_nodes import TEXT_WIDTH, image
+
+
+def test_text_encode_gives_cpu_conditioning_and_frees_the_encoder(nodes, loaded, host):
+    (cond,) = nodes["Flux2KleinTextEncode"].execute(loaded["encoder"], "a cat")
+    assert cond.embeds.shape == (1, 512, TEXT_WIDTH) and cond.embeds.dtype == torch.float32
+    assert cond.embeds.device.type == "cpu" and cond.width == TEXT_WIDTH and cond.encoder_name
+    patcher = loaded["encoder"].patcher
+    assert host.loads == [(patcher, True)] and host.unloads == [patcher]
+    native = cond.to_native()
+    assert native[0][0] is cond.embeds and native[0][1] == {"pooled_output": None}
+
+
+def test_reference_batch_and_chain_keep_order(nodes, loaded):
+    encode = nodes["Flux2KleinReferenceEncode"].execute
+    (first,) = encode(loaded["vae"], image(64, 128, batch=2))
+    assert first.grid_sizes == [(4, 8), (4, 8)]
+    (chained,) = encode(loaded["vae"], image(80, 64), references=first)
+    assert chained.grid_sizes == [(4, 8), (4, 8), (5, 4)]
+    torch.testing.assert_close(chained.tokens[:, : first.num_tokens], first.tokens)
+
+
+def test_reference_pixel_cap(nodes, loaded):
+    encode = nodes["Flux2KleinReferenceEncode"].execute
+    (small,) = encode(loaded["vae"], image(200, 120), max_megapixels=0.0625)  # 0.0625 MP = 256 x 256 px
+    assert small.pixel_size(0) == (112, 192)  # under the cap: only centre-cropped to multiples of 16
+    (large,) = encode(loaded["vae"], image(512, 256), max_megapixels=0.0625)
+    assert large.pixel_size(0) == (176, 352)  # 256 x 512 scaled by sqrt(1/2) to 181 x 362, cropped to /16

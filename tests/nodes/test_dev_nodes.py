@@ -1,0 +1,65 @@
+"""FLUX.2 [dev] through the same nodes: the dev DiT and the Mistral encoder."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from klein_nodes import DEV_TEXT_WIDTH, TEXT_WIDTH, run_sampler
+
+
+def test_dev_model_and_mistral_encoder_load_through_the_nodes(dev):
+    model, encoder, positive = dev["model"], dev["encoder"], dev["positive"]
+    assert model.core.variant.name == "dev" and model.core.config.guidance_embed
+    assert model.more_patchers == () and model.split == ""  # one device: one patcher, as for klein
+    assert "Mistral" in encoder.encoder.name and encoder.patcher.model.module is encoder.encoder.model
+    assert positive.embeds.shape == (1, 512, DEV_TEXT_WIDTH) and positive.width == DEV_TEXT_WIDTH
+    assert "Mistral" in positive.encoder_name
+    # the Tekken tokenizer ComfyUI's file carries is the one used (ComfyUI ships no Mistral vocabulary)
+    assert encoder.encoder.tokenizer.source == "mistral_tiny.safetensors (tekken_model)"
+
+
+def test_dev_sampling_embeds_the_guidance_and_equals_the_core_run(nodes, dev, loaded, pack, host):
+    """The node passes prompt, seed, size and guidance to the core's sampler unchanged (the core's dev path
+    is checked against diffusers' Flux2Pipeline in test_dev_parity.py), one pass per step."""
+    core = sys.modules[f"{pack.__name__}.flux2_core"]
+    args = dict(model=dev["model"], positive=dev["positive"], seed=5, steps=2, guidance=4.0, width=64,
+                height=80, batch_size=1)  # fmt: skip
+    (out,) = nodes["Flux2KleinSampler"].execute(**args)
+    settings = core.SampleSettings(64, 80, 2, 4.0, 5, 1)
+    expected = core.sample(dev["model"].core, dev["positive"].embeds, settings)
+    assert torch.equal(out["samples"], expected) and out["samples"].shape == (1, 128, 5, 4)
+    assert [(v, t) for v, t, _ in host.progress] == [(1, 2), (2, 2)]
+    (lower,) = nodes["Flux2KleinSampler"].execute(**{**args, "guidance": 2.0})
+    assert not torch.equal(lower["samples"], out["samples"])  # the value reaches the guidance embedder
+    # no CFG for dev: a negative prompt changes nothing
+    (with_negative,) = nodes["Flux2KleinSampler"].execute(**args, negative=dev["positive"])
+    assert torch.equal(with_negative["samples"], out["samples"])
+
+
+def test_dev_with_qwen3_and_klein_with_mistral_are_refused_before_the_model_loads(
+    nodes, dev, loaded, host, Flux2Error
+):
+    with pytest.raises(Flux2Error, match="needs the Mistral Small 3.x text encoder") as caught:
+        run_sampler(nodes, loaded, model=dev["model"], positive=loaded["positive"])
+    assert f"{DEV_TEXT_WIDTH}-wide" in str(caught.value) and f"gives {TEXT_WIDTH}" in str(caught.value)
+    with pytest.raises(Flux2Error, match="needs a Qwen3 text encoder") as caught:
+        run_sampler(nodes, loaded, positive=dev["positive"])
+    assert f"{TEXT_WIDTH}-wide" in str(caught.value) and f"gives {DEV_TEXT_WIDTH}" in str(caught.value)
+    assert host.loads == [] and host.progress == []  # neither model was moved, no step ran
+
+
+@pytest.mark.parametrize(("name", "kind"), [("t5xxl_tiny.safetensors", "T5-XXL"),
+                                            ("clip_l_tiny.safetensors", "CLIP-L")])  # fmt: skip
+def test_a_flux1_text_encoder_in_the_flux2_loader_names_the_right_files(nodes, name, kind, Flux2Error):
+    with pytest.raises(Flux2Error, match=f"{name} is {kind}, a FLUX.1 text encoder") as caught:
+        nodes["Flux2KleinTextEncoderLoader"].execute(name)
+    message = str(caught.value)
+    assert "mistral_3_small_flux2_bf16.safetensors" in message and "qwen_3_4b.safetensors" in message
+    assert "FLUX.1 Fill [dev]'s text encoder loader" in message
+
+
+def test_the_klein_lora_loader_refuses_a_dev_model(nodes, dev, Flux2Error):
+    with pytest.raises(Flux2Error, match="is FLUX.2 \\[dev\\]: the FLUX.2 \\[klein\\] LoRA Loader"):
+        nodes["Flux2KleinLoraLoader"].execute(dev["model"], "tiny_lora.safetensors", 1.0)
