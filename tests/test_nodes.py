@@ -421,7 +421,8 @@ def test_kv_model_with_references_is_the_core_kv_run(nodes, loaded, pack):
     (refs,) = nodes["Flux2KleinReferenceEncode"].encode(loaded["vae"], image(64, 64))
     samples = run_sampler(nodes, loaded, model=kv, references=refs, steps=2)
     settings = core.SampleSettings(64, 64, 2, 1.0, 7, 1)  # run_sampler's size, steps, guidance and seed
-    expected = core.sample(kv.model, loaded["positive"].embeds, settings, references=refs)  # no cache given
+    request = core.SampleRequest(kv.model, loaded["positive"].embeds, settings, references=refs)
+    expected = core.sample(request)  # no cache given
     assert samples.shape == (1, 128, 4, 4) and torch.equal(samples, expected)
     # controls: the references matter, and the KV attention is not the plain models' joint attention
     assert not torch.equal(samples, run_sampler(nodes, loaded, model=kv, steps=2))
@@ -584,8 +585,9 @@ def test_the_sampler_keeps_the_noise_mask_for_a_second_pass(nodes, loaded, pack)
     # the second pass is the core's inpaint of the first pass's latent, under the same mask, half the schedule
     packed_mask = core.latent_mask(latent["noise_mask"], (4, 4), 1)
     settings = core.SampleSettings(64, 64, 2, 1.0, 1)  # args' size (the latent's), steps, guidance, seed
-    expected = core.sample(loaded["model"].model, loaded["positive"].embeds, settings, references=refs,
-                           start=first["samples"], strength=0.5, mask=packed_mask)  # fmt: skip
+    request = core.SampleRequest(loaded["model"].model, loaded["positive"].embeds, settings, references=refs,
+                                 start=first["samples"], strength=0.5, mask=packed_mask)  # fmt: skip
+    expected = core.sample(request)
     assert torch.equal(second["samples"], expected)
     # outside the mask each pass ends on its start latent (the blend at sigma 0), inside it repaints
     keep = packed_mask[0, :, 0].reshape(4, 4) == 0
@@ -768,7 +770,7 @@ def test_dev_sampling_embeds_the_guidance_and_equals_the_core_run(nodes, dev, lo
                 height=80, batch_size=1)  # fmt: skip
     (out,) = nodes["Flux2KleinSampler"].sample(**args)
     settings = core.SampleSettings(64, 80, 2, 4.0, 5, 1)
-    expected = core.sample(dev["model"].model, dev["positive"].embeds, settings)
+    expected = core.sample(core.SampleRequest(dev["model"].model, dev["positive"].embeds, settings))
     assert torch.equal(out["samples"], expected) and out["samples"].shape == (1, 128, 5, 4)
     assert [(v, t) for v, t, _ in host.progress] == [(1, 2), (2, 2)]
     (lower,) = nodes["Flux2KleinSampler"].sample(**{**args, "guidance": 2.0})
@@ -918,8 +920,8 @@ def test_the_step_cache_input_runs_the_cores_cache_and_says_what_it_did(nodes, l
     shown = sampler.sample(**args, step_cache=1.0)  # random weights change by about 1 per step
     core = core_module(pack)
     cache = core.StepCache(1.0)
-    expected = core.sample(loaded["model"].model, loaded["positive"].embeds,
-                           core.SampleSettings(64, 64, 8, 1.0, 7, 1), step_cache=cache)  # fmt: skip
+    expected = core.sample(core.SampleRequest(loaded["model"].model, loaded["positive"].embeds,
+                           core.SampleSettings(64, 64, 8, 1.0, 7, 1), step_cache=cache))  # fmt: skip
     assert torch.equal(shown["result"][0]["samples"], expected)
     assert shown["ui"]["text"] == [cache.describe()] and 1 < cache.passes[0].full_steps < 8
     assert cache.describe().startswith("step cache 1: ") and cache.describe().endswith(
