@@ -20,7 +20,14 @@ import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
 import torch
 from tiny_dit import write_bfl_file  # noqa: E402
 
-from flux2_core import ReferenceLatents, RefKVStore, SampleSettings, encode_reference_kv, sample  # noqa: E402
+from flux2_core import (  # noqa: E402
+    ReferenceLatents,
+    RefKVStore,
+    SampleRequest,
+    SampleSettings,
+    encode_reference_kv,
+    sample,
+)
 from flux2_core.dit.files import load_transformer  # noqa: E402
 
 
@@ -46,7 +53,7 @@ def main() -> None:
 
     def run(store: RefKVStore, k: int) -> torch.Tensor:
         cache, _ = store.get(model, refs, lambda: encode_reference_kv(model, refs))
-        return sample(model, prompts[k], settings[k], references=refs, kv_cache=cache)
+        return sample(SampleRequest(model, prompts[k], settings[k], references=refs, kv_cache=cache))
 
     cold_times, warm_times = [], []
     for _ in range(args.repeats):

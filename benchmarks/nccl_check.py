@@ -23,7 +23,7 @@ import klein_shapes  # noqa: F401  (puts the repository and tests/ on the path)
 import torch
 
 from flux2_core.dit.files import load_transformer  # noqa: E402
-from flux2_core.sampling import SampleSettings, sample  # noqa: E402
+from flux2_core.sampling import SampleRequest, SampleSettings, sample  # noqa: E402
 
 WORLD = 2
 SETTINGS = SampleSettings(128, 128, 3, 1.0, seed=5)
@@ -42,7 +42,7 @@ def worker(folder: Path, mode: str, device: str) -> None:
     model = load_transformer_parallel(folder / "dit.safetensors", mode, "distilled", torch.float32, "cpu")
     model.transformer.to(dist.device)
     ctx = conditioning(model.config) if dist.is_main else None
-    latents = sample(model, broadcast_conditioning(ctx), SETTINGS)
+    latents = sample(SampleRequest(model, broadcast_conditioning(ctx), SETTINGS))
     if dist.is_main:
         torch.save(latents.cpu(), folder / f"{mode}.pt")
     close_distributed()
@@ -74,7 +74,7 @@ def main() -> None:
                                  joint_attention_dim=256, axes_dims_rope=(32, 32, 32, 32))  # fmt: skip
         model = load_transformer(write_bfl_file(dit, folder / "dit.safetensors"), "distilled", torch.float32)
         model.transformer.to(args.device)
-        expected = sample(model, conditioning(model.config).to(args.device), SETTINGS)
+        expected = sample(SampleRequest(model, conditioning(model.config).to(args.device), SETTINGS))
         del model, dit
         for mode in ("tensor", "sequence"):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),

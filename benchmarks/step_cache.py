@@ -30,7 +30,7 @@ from flux2_core.dit.files import DIT_SPEC  # noqa: E402
 from flux2_core.dit.rope import image_ids, text_ids  # noqa: E402
 from flux2_core.dit.step_cache import MAX_STEP_CACHE, FirstBlockCache, StepCache  # noqa: E402
 from flux2_core.dit.transformer import Flux2Model  # noqa: E402
-from flux2_core.sampling import SampleSettings, sample  # noqa: E402
+from flux2_core.sampling import SampleRequest, SampleSettings, sample  # noqa: E402
 from flux2_core.weights.checkpoint import Checkpoint  # noqa: E402
 from flux2_core.weights.loading import load_checkpoint  # noqa: E402
 
@@ -88,13 +88,13 @@ def main() -> None:
     settings = SampleSettings(args.size, args.size, args.steps, 1.0, seed=0)
     text = torch.randn(1, 512, net.config.context_in_dim)
     start = time.perf_counter()
-    plain = sample(model, text, settings)
+    plain = sample(SampleRequest(model, text, settings))
     plain_time = time.perf_counter() - start
     print(f"{args.steps} steps, no cache: {plain_time:.2f} s")
     for threshold in (float(v) for v in args.thresholds.split(",")):
         cache = StepCache(threshold)
         start = time.perf_counter()
-        out = sample(model, text, settings, step_cache=cache)
+        out = sample(SampleRequest(model, text, settings, step_cache=cache))
         took = time.perf_counter() - start
         change = ((out - plain).abs().mean() / plain.abs().mean()).item()
         print(

@@ -23,7 +23,7 @@ import klein_shapes  # noqa: F401  (puts the repository and tests/ on the path)
 import torch
 from tiny_dit import write_bfl_file  # noqa: E402
 
-from flux2_core import OutOfMemory, SampleSettings, sample  # noqa: E402
+from flux2_core import OutOfMemory, SampleRequest, SampleSettings, sample  # noqa: E402
 from flux2_core.devices.streaming import disable_streaming, enable_streaming  # noqa: E402
 from flux2_core.dit.files import load_transformer  # noqa: E402
 
@@ -55,7 +55,7 @@ def main() -> None:
         return 0
 
     model.transformer.to(device)
-    expected = sample(model, ctx.to(device), settings)  # every weight resident
+    expected = sample(SampleRequest(model, ctx.to(device), settings))  # every weight resident
     model.transformer.to("cpu")
     streamer = enable_streaming(model.transformer, device)
     ctx = ctx.to(device)
@@ -71,7 +71,7 @@ def main() -> None:
                 raise error
 
         try:
-            sample(model, ctx, settings, interrupt=hook)
+            sample(SampleRequest(model, ctx, settings, interrupt=hook))
             stopped = False
         except (Stop, OutOfMemory):
             stopped = True
@@ -83,7 +83,7 @@ def main() -> None:
         report["runs"][name] = left
         print(f"{name}: stopped {stopped}, streamed copies left {left['device_bytes']} bytes, allocated "
               f"{left['allocated_above'] / 2**20:+.1f} MiB against before the run", flush=True)  # fmt: skip
-    clean = sample(model, ctx, settings)
+    clean = sample(SampleRequest(model, ctx, settings))
     disable_streaming(model.transformer)
     report["clean_run_identical"] = bool(torch.equal(clean, expected))
     print(f"clean run after them: identical to the resident run: {report['clean_run_identical']}")

@@ -350,7 +350,7 @@ def bench_e2e(args, dit_model, diffusers_dit, text, hf_text, vae_sd, vae_config,
     from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
     from tiny_vae import make_diffusers_vae
 
-    from flux2_core.sampling import SampleSettings, sample
+    from flux2_core.sampling import SampleRequest, SampleSettings, sample
     from flux2_core.vae.autoencoder import vae_from_state_dict
 
     size, steps = args.e2e_size, args.steps
@@ -369,7 +369,9 @@ def bench_e2e(args, dit_model, diffusers_dit, text, hf_text, vae_sd, vae_config,
     pipe.set_progress_bar_config(disable=True)
 
     def ours():
-        latents = sample(dit_model, text.encode([PROMPT]), SampleSettings(size, size, steps, 1.0, 0))
+        latents = sample(
+            SampleRequest(dit_model, text.encode([PROMPT]), SampleSettings(size, size, steps, 1.0, 0))
+        )
         return vae.decode(latents).clamp(-1, 1).add(1).div(2)
 
     def theirs():

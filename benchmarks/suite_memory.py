@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from flux2_core.sampling import ACTIVATION_ROWS
+from flux2_core.sampling_checks import ACTIVATION_ROWS
 
 GIB = 2**30
 HEADROOM = 0.95  # of the card: the CUDA context, the allocator's rounding and cached blocks take the rest

@@ -6,15 +6,17 @@ Self-contained (it never imports ComfyUI). A text-to-image run::
     model = load_transformer("flux-2-klein-4b.safetensors")            # variant read from the name
     encoder = load_text_encoder("qwen_3_4b.safetensors")
     vae = load_vae("flux2-vae.safetensors")
-    latents = sample(model, encoder.encode(["a red fox"]), SampleSettings(1024, 1024, 4, 1.0, seed=0))
+    settings = SampleSettings(1024, 1024, 4, 1.0, seed=0)
+    latents = sample(SampleRequest(model, encoder.encode(["a red fox"]), settings))
     pixels = vae.decode(latents)                                         # [B, 3, H, W] in about -1..1
 
-Editing adds ``references=encode_references(vae, [image, ...])`` to ``sample``. Where things live: the top
-level is the way of the data (``references`` and ``editing``: the edit inputs; ``sampling``: the klein
-denoiser; ``flow``: noise and the Euler loop; ``ops``: the weight seam; ``hooks``: per-block work), and each
-subpackage one part: ``dit`` (the transformer), ``vae``, ``text`` (Qwen3, Mistral, tokenizers), ``weights``
-(checkpoints, GGUF, Hub ids, key maps, quantised formats, the loading pipeline), ``lora``, ``devices``
-(streaming, block placement, tensor / sequence parallelism), ``flux1`` (FLUX.1 Fill [dev]) and ``cli``.
+Editing adds ``references=encode_references(vae, [image, ...])`` to the request. Where things live: the top
+level is the way of the data (``references`` and ``editing``: the edit inputs; ``sampling``: the checked
+request and the klein denoiser; ``sampling_checks``: what both families' samplers check; ``flow``: noise and
+the Euler loop; ``ops``: the weight seam; ``hooks``: per-block work), and each subpackage one part: ``dit``
+(the transformer), ``vae``, ``text`` (Qwen3, Mistral, tokenizers), ``weights`` (checkpoints, GGUF, Hub ids,
+key maps, quantised formats, the loading pipeline), ``lora``, ``devices`` (streaming, block placement, tensor
+/ sequence parallelism), ``flux1`` (FLUX.1 Fill [dev]) and ``cli``.
 """
 
 from .configs import (
@@ -86,6 +88,7 @@ from .references import (
     processed_size,
 )
 from .sampling import (
+    SampleRequest,
     SampleSettings,
     check_conditioning,
     encode_reference_kv,
@@ -95,7 +98,6 @@ from .sampling import (
     model_run,
     output_size,
     sample,
-    settings_numbers,
 )
 from .text.encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
 from .vae.autoencoder import AutoEncoder, load_vae
@@ -138,6 +140,7 @@ __all__ = [
     "RefKVStore",
     "TEXT_ENCODER_FOR_CONTEXT",
     "STEP_CACHE_HELP",
+    "SampleRequest",
     "SampleSettings",
     "StepCache",
     "Stitch",
@@ -189,7 +192,6 @@ __all__ = [
     "remove_placement",
     "sample",
     "sample_fill",
-    "settings_numbers",
     "streamer_of",
     "text_encoder_spec_for",
 ]

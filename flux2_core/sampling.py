@@ -1,4 +1,4 @@
-"""FLUX.2 [klein] sampling: the empirical-mu schedule, input checks, the klein denoiser, ``sample``.
+"""FLUX.2 [klein] sampling: the empirical-mu schedule, the checked request, the klein denoiser, ``sample``.
 
 The denoiser gives the velocity of one step for the variant's guidance kind: one pass (distilled, KV), true
 CFG ``v_u + g (v_c - v_u)`` with a negative prompt (base), or the guidance value fed to the model (dev). The
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -21,7 +20,7 @@ from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
 from .devices.streaming import streamer_of
 from .dit.kv_cache import RefKVCache
 from .dit.rope import image_ids, reference_ids, text_ids
-from .dit.step_cache import StepCache
+from .dit.step_cache import StepCache, check_threshold
 from .dit.transformer import Flux2Model
 from .editing import inpaint_blend
 from .errors import Flux2Error
@@ -30,6 +29,7 @@ from .hooks import before_each, calling, copies_released
 from .limits import check_request
 from .lora import DIT, patched
 from .references import ReferenceLatents
+from .sampling_checks import activation_bytes, batched, check_batch, check_finite, check_strength
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,16 @@ class SampleSettings:
     guidance: float
     seed: int
     batch_size: int = 1
+
+    def check(self) -> None:
+        """Every number, with the limit and what to change in the message (``limits.check_request``)."""
+        check_request(self.width, self.height, self.steps, self.guidance, self.seed, self.batch_size)
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(rows, columns) of the latent grid."""
+        m = FLUX2.size_multiple
+        return self.height // m, self.width // m
 
 
 def compute_empirical_mu(image_seq_len: int, num_steps: int) -> float:
@@ -101,24 +111,17 @@ def estimate_memory(
     return sampling_memory(model.config, model.variant, model.transformer.dtype, settings, num_ref) + streamed
 
 
-ACTIVATION_ROWS = 24  # hidden-wide rows a token holds at a step's peak (``sampling_memory``)
-
-
 def sampling_memory(
     config, variant, dtype: torch.dtype, settings: SampleSettings, num_ref_tokens: int
 ) -> int:
-    """Rough peak bytes of activations (plus the KV cache) beyond the weights, from shapes alone.
-
-    A single block holds its fused input projection (9 x hidden per token) next to the residual stream, the
-    modulated input, the float32 RoPE'd q and k, the attention output and the MLP product: about 24
-    hidden-wide rows per token at the peak.
-    """
-    m = FLUX2.size_multiple
-    itemsize = torch.finfo(dtype).bits // 8
-    tokens = FLUX2.max_text_tokens + (settings.height // m) * (settings.width // m) + num_ref_tokens
-    activations = settings.batch_size * tokens * config.hidden_size * ACTIVATION_ROWS * itemsize
+    """Rough peak bytes of activations (plus the KV cache) beyond the weights, from shapes alone: about
+    ``ACTIVATION_ROWS`` hidden-wide rows per token at the peak (``sampling_checks``)."""
+    rows, cols = settings.grid
+    tokens = FLUX2.max_text_tokens + rows * cols + num_ref_tokens
+    activations = activation_bytes(settings.batch_size, tokens, config.hidden_size, dtype)
     kv_cache = 0
     if variant.kv_cache:  # K and V of every reference token in every block, kept for the whole run
+        itemsize = torch.finfo(dtype).bits // 8
         kv_cache = (
             2 * num_ref_tokens * config.hidden_size * (config.depth + config.depth_single_blocks) * itemsize
         )
@@ -142,81 +145,103 @@ def model_run(model: Flux2Model, interrupt: Callable[[], None] | None = None) ->
         yield
 
 
-def sample(
-    model: Flux2Model,
-    positive: torch.Tensor,
-    settings: SampleSettings,
-    negative: torch.Tensor | None = None,
-    references: ReferenceLatents | None = None,
-    callback: StepCallback | None = None,
-    interrupt: Callable[[], None] | None = None,
-    start: torch.Tensor | None = None,
-    strength: float = 1.0,
-    kv_cache: RefKVCache | None = None,
-    mask: torch.Tensor | None = None,
-    step_cache: float | StepCache = 0.0,
-) -> torch.Tensor:
-    """Generate latents [B, 128, H/16, W/16] (float32, CPU) from text conditioning [1 or B, T, C].
+PROMPTS_FOR_BATCH = (
+    "the conditioning holds {given} prompts but the batch size is {batch}: encode one prompt, or as many as "
+    "the batch size"
+)
 
-    ``callback`` gets each finished step with the predicted clean latent (for previews); ``interrupt`` is
-    called before every block and may raise to stop the run. ``start`` (a latent of the output's shape) and
-    ``strength`` < 1 begin part-way down the schedule from that latent instead of from pure noise.
-    ``kv_cache`` is the references' K/V from ``encode_reference_kv`` (KV model), computed here if not given.
-    ``mask`` (packed [1 or B, h * w, 1] from ``editing.latent_mask``, 1 = repaint) inpaints ``start``: after
-    every step the latent outside the mask is ``start`` noised to the new sigma. ``step_cache`` is the
-    First-Block Cache threshold (0: off) or a ``StepCache`` to read what it did from (``dit.step_cache``).
+NAN_CAUSES = (
+    ", so the image would be garbage. Likely causes: weights holding NaN/inf (a corrupt or badly converted "
+    "file: download it again), float16 overflowing (use bfloat16 or float32), or an extreme guidance value "
+    "(use about 4 for base models)"
+)
+
+
+@dataclass(frozen=True, eq=False)
+class SampleRequest:
+    """One sampling run of ``model``, checked whole when it is made: every number of ``settings``, the text
+    encoder behind the conditioning, the number of references, the negative prompt true CFG needs, the step
+    cache's threshold, the start latent and the mask. A request that exists can run (``sample``).
+
+    ``positive`` (and ``negative``) is text conditioning [1 or B, T, C]. ``callback`` gets each finished step
+    with the predicted clean latent (for previews); ``interrupt`` is called before every block and may raise
+    to stop the run. ``start`` (a latent of the output's shape) and ``strength`` < 1 begin part-way down the
+    schedule from that latent instead of from pure noise. ``kv_cache`` is the references' K/V from
+    ``encode_reference_kv`` (KV model), computed by ``sample`` if not given. ``mask`` (packed
+    [1 or B, h * w, 1] from ``editing.latent_mask``, 1 = repaint) inpaints ``start``: after every step the
+    latent outside the mask is ``start`` noised to the new sigma. ``step_cache`` is the First-Block Cache
+    threshold (0: off) or a ``StepCache`` to read what it did from (``dit.step_cache``). What a host has only
+    once the model is loaded (the K/V, a progress callback) goes into a copy: ``dataclasses.replace``.
     """
-    check_request(*settings_numbers(settings))
-    check_conditioning(model, positive)
-    model.variant.check_references(len(references) if references is not None else 0)
-    use_cfg = model.variant.uses_cfg and settings.guidance > 1.0
-    if use_cfg and negative is None:
-        raise Flux2Error(
-            f"the {model.variant.name} model with guidance {settings.guidance:g} needs a negative "
-            "conditioning: connect one (an empty prompt is the usual choice) or set guidance to 1"
-        )
-    if use_cfg:
-        check_conditioning(model, negative, "negative conditioning")
-    elif model.variant.guidance == "none" and settings.guidance > 1.0:
-        log.warning(
-            "guidance %g is ignored: %s models run without CFG", settings.guidance, model.variant.name
-        )
-    elif model.variant.uses_cfg:
-        log.info(
-            "guidance %g: CFG is off for this %s model (one pass per step, the negative prompt unused); "
-            "use guidance > 1 (about 4) for true CFG",
-            settings.guidance,
-            model.variant.name,
-        )
-    m = FLUX2.size_multiple
-    grid = (settings.height // m, settings.width // m)
-    conds = [positive] + ([negative] if use_cfg else [])
+
+    model: Flux2Model
+    positive: torch.Tensor
+    settings: SampleSettings
+    negative: torch.Tensor | None = None
+    references: ReferenceLatents | None = None
+    callback: StepCallback | None = None
+    interrupt: Callable[[], None] | None = None
+    start: torch.Tensor | None = None
+    strength: float = 1.0
+    kv_cache: RefKVCache | None = None
+    mask: torch.Tensor | None = None
+    step_cache: float | StepCache = 0.0
+
+    def __post_init__(self) -> None:
+        model, settings = self.model, self.settings
+        settings.check()
+        check_conditioning(model, self.positive)
+        model.variant.check_references(len(self.references) if self.references is not None else 0)
+        if self.uses_cfg and self.negative is None:
+            raise Flux2Error(
+                f"the {model.variant.name} model with guidance {settings.guidance:g} needs a negative "
+                "conditioning: connect one (an empty prompt is the usual choice) or set guidance to 1"
+            )
+        if self.uses_cfg:
+            check_conditioning(model, self.negative, "negative conditioning")
+        if not isinstance(self.step_cache, StepCache):
+            check_threshold(self.step_cache)
+        for conditioning in self.conds:
+            check_batch(conditioning, settings.batch_size, PROMPTS_FOR_BATCH)
+        _check_editing(self.start, self.strength, self.mask, settings)
+
+    @property
+    def uses_cfg(self) -> bool:
+        """Whether each step runs true CFG: a base model with guidance above 1."""
+        return self.model.variant.uses_cfg and self.settings.guidance > 1.0
+
+    @property
+    def conds(self) -> list[torch.Tensor]:
+        """The conditioning of each pass of a step: the positive one, then the negative one with CFG."""
+        return [self.positive] + ([self.negative] if self.uses_cfg else [])
+
+
+def sample(request: SampleRequest) -> torch.Tensor:
+    """Generate latents [B, 128, H/16, W/16] (float32, CPU) for ``request`` (its fields: what each does)."""
+    model, settings, references = request.model, request.settings, request.references
+    _report_guidance(request)
+    grid = settings.grid
+    kv_cache = request.kv_cache if model.variant.kv_cache else None
     if model.variant.kv_cache and references is not None and len(references) and kv_cache is None:
         kv_cache = encode_reference_kv(model, references)
-    cache = StepCache.of(step_cache)
-    cache.start(len(conds))
-    denoise = KleinDenoiser(
-        model, conds, settings, references, grid, kv_cache if model.variant.kv_cache else None, cache
-    )
-    _check_editing(start, strength, mask, settings, grid)
-    sigmas = truncate(get_sigmas(settings.steps, grid[0] * grid[1]).tolist(), strength)
+    cache = StepCache.of(request.step_cache)
+    cache.start(len(request.conds))
+    denoise = KleinDenoiser(request, kv_cache, cache)
+    sigmas = truncate(get_sigmas(settings.steps, grid[0] * grid[1]).tolist(), request.strength)
     # Latents stay float32 on the model's device for the whole run; the noise is drawn on the CPU.
     device = model.transformer.device
     noise = pack(make_noise(settings.batch_size, settings.height, settings.width, settings.seed)).to(device)
+    start, mask = request.start, request.mask
     source = pack(start.float()).to(device).expand_as(noise) if start is not None else None
     x = start_from(noise, source, sigmas[0])
     blend = None if mask is None else inpaint_blend(source, mask.float().to(device), noise)
+    callback = request.callback
     report = None if callback is None else (lambda step, total, x0: callback(step, total, unpack(x0, *grid)))
-    with model_run(model, interrupt):
+    with model_run(model, request.interrupt):
         x = euler(denoise, x, sigmas, report, blend)
     if cache.passes:
         log.info("%s", cache.describe())
-    if not torch.isfinite(x).all():
-        raise Flux2Error(
-            "sampling produced NaN or infinite values, so the image would be garbage. Likely causes: weights "
-            "holding NaN/inf (a corrupt or badly converted file: download it again), float16 overflowing "
-            "(use bfloat16 or float32), or an extreme guidance value (use about 4 for base models)"
-        )
+    check_finite(x, NAN_CAUSES)
     return unpack(x, *grid).cpu()
 
 
@@ -245,30 +270,51 @@ def latent_velocity(
     kw = {}
     if guidance is not None and net.config.guidance_embed:
         kw["guidance"] = guidance.float().to(device).reshape(-1).expand(b)
-    ctx_ids = text_ids(ctx.shape[1])
+    refs = None
+    if kv_cache is None and references:
+        packed = torch.cat([pack(lat) for lat in references], dim=1).to(device, dtype)
+        refs = (packed, reference_ids([tuple(lat.shape[-2:]) for lat in references]))
     with torch.inference_mode():
-        if kv_cache is not None:
-            v = net.forward_kv_cached(tokens, x_ids, t, ctx, ctx_ids, kv_cache, **kw)
-        elif references:
-            refs = torch.cat([pack(lat) for lat in references], dim=1).to(device, dtype)
-            ids = reference_ids([tuple(lat.shape[-2:]) for lat in references])
-            v = net(tokens, x_ids, t, ctx, ctx_ids, refs, ids, **kw)
-        else:
-            v = net(tokens, x_ids, t, ctx, ctx_ids, **kw)
+        v = _dit_call(net, tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), refs, kv_cache, **kw)
     return unpack(v.float(), h, w).to(x.device)
 
 
-def _check_editing(start, strength, mask, settings: SampleSettings, grid) -> None:
-    if not 0.0 <= strength <= 1.0 or math.isnan(strength):
-        raise Flux2Error(
-            f"strength (denoise) is {strength}: use a value from 0 (keep the image) to 1 (repaint)"
+def _dit_call(net, x, x_ids, t, ctx, ctx_ids, refs=None, kv_cache=None, **kw) -> torch.Tensor:
+    """The DiT's velocity for packed tokens ``x`` [B, N, 128]: against the KV model's cached reference K/V
+    (``kv_cache``), with reference tokens appended (``refs``: tokens [1 or B, R, 128] and ids [R, 4]), or
+    on their own; ``kw``: the embedded guidance, the step cache."""
+    if kv_cache is not None:
+        return net.forward_kv_cached(x, x_ids, t, ctx, ctx_ids, kv_cache, **kw)
+    if refs is not None:
+        return net(x, x_ids, t, ctx, ctx_ids, *refs, **kw)
+    return net(x, x_ids, t, ctx, ctx_ids, **kw)
+
+
+def _report_guidance(request: SampleRequest) -> None:
+    """Say when the guidance value does nothing: a model without CFG, or a base model at guidance <= 1."""
+    variant, guidance = request.model.variant, request.settings.guidance
+    if request.uses_cfg:
+        return
+    if variant.guidance == "none" and guidance > 1.0:
+        log.warning("guidance %g is ignored: %s models run without CFG", guidance, variant.name)
+    elif variant.uses_cfg:
+        log.info(
+            "guidance %g: CFG is off for this %s model (one pass per step, the negative prompt unused); "
+            "use guidance > 1 (about 4) for true CFG",
+            guidance,
+            variant.name,
         )
+
+
+def _check_editing(start, strength, mask, settings: SampleSettings) -> None:
+    check_strength(strength, "strength (denoise)")
     if start is None:
         if mask is not None:
             raise Flux2Error("an inpaint mask needs the source image's latent to start from: connect it")
         if strength < 1.0:
             raise Flux2Error(f"strength {strength:g} < 1 needs an image (latent) to start from: connect one")
         return
+    grid = settings.grid
     expected = (FLUX2.latent_channels, *grid)
     if (
         start.ndim != 4
@@ -292,24 +338,20 @@ def _check_editing(start, strength, mask, settings: SampleSettings, grid) -> Non
         )
 
 
-def settings_numbers(settings: SampleSettings) -> tuple:
-    """(width, height, steps, guidance, seed, batch size) in the order ``limits.check_request`` takes."""
-    s = settings
-    return s.width, s.height, s.steps, s.guidance, s.seed, s.batch_size
-
-
 class KleinDenoiser:
     """The velocity of one step (see the module docstring for the guidance kinds and the KV model)."""
 
-    def __init__(
-        self, model: Flux2Model, conds, settings: SampleSettings, references, grid, kv_cache=None, cache=None
-    ):
+    def __init__(self, request: SampleRequest, kv_cache: RefKVCache | None = None, cache=None):
+        model, settings, references = request.model, request.settings, request.references
         self.net = model.transformer
         self.cache = cache or StepCache()  # one FirstBlockCache per pass (conditional, unconditional)
         self.guidance = settings.guidance
         device, dtype = self.net.device, self.net.dtype
-        self.x_ids = image_ids(*grid)  # ids stay on the CPU: the model turns them into a cached RoPE table
-        self.conds = [(_batch(c, settings.batch_size).to(device, dtype), text_ids(c.shape[1])) for c in conds]
+        self.x_ids = image_ids(*settings.grid)  # ids stay on the CPU: the model turns them into a RoPE table
+        self.conds = [
+            (batched(c, settings.batch_size, PROMPTS_FOR_BATCH).to(device, dtype), text_ids(c.shape[1]))
+            for c in request.conds
+        ]
         self.refs = None
         if references is not None and len(references) and kv_cache is None:  # [1, R, C]: the whole batch's
             self.refs = (references.tokens.to(device, dtype), references.ids)
@@ -327,25 +369,9 @@ class KleinDenoiser:
             for i, (ctx, ctx_ids) in enumerate(self.conds):
                 step = self.cache.pass_cache(i)  # None when off: the call is the one without a cache
                 kw = {"guidance": g} if step is None else {"guidance": g, "step_cache": step}
-                if self.kv_cache is not None:
-                    v = self.net.forward_kv_cached(x_in, self.x_ids, t, ctx, ctx_ids, self.kv_cache, **kw)
-                elif self.refs is not None:
-                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, *self.refs, **kw)
-                else:
-                    v = self.net(x_in, self.x_ids, t, ctx, ctx_ids, **kw)
+                v = _dit_call(self.net, x_in, self.x_ids, t, ctx, ctx_ids, self.refs, self.kv_cache, **kw)
                 velocities.append(v.float())
         if len(velocities) == 2:
             v_cond, v_uncond = velocities
             return v_uncond + self.guidance * (v_cond - v_uncond)
         return velocities[0]
-
-
-def _batch(conditioning: torch.Tensor, batch_size: int) -> torch.Tensor:
-    if conditioning.shape[0] == batch_size:
-        return conditioning
-    if conditioning.shape[0] == 1:
-        return conditioning.expand(batch_size, -1, -1)
-    raise Flux2Error(
-        f"the conditioning holds {conditioning.shape[0]} prompts but the batch size is {batch_size}: "
-        "encode one prompt, or as many as the batch size"
-    )

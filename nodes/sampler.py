@@ -8,6 +8,7 @@ model when references are given. A wrong text encoder for the model is refused b
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from ..flux2_core import (
     FLUX2,
@@ -19,16 +20,14 @@ from ..flux2_core import (
     MAX_STEPS,
     STEP_CACHE_HELP,
     RefKVStore,
+    SampleRequest,
     SampleSettings,
     StepCache,
-    check_conditioning,
     check_fits,
-    check_request,
     encode_reference_kv,
     estimate_memory,
     latent_mask,
     sample,
-    settings_numbers,
 )
 from . import convert, host, sockets, types
 from .sockets import io
@@ -171,14 +170,25 @@ class Flux2KleinSampler(io.ComfyNode):
         width, height, batch_size = convert.output_size(width, height, batch_size, references, latent)
         settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
         cache_rule = StepCache(step_cache)  # checked before anything is loaded
-        check_request(*settings_numbers(settings))  # linked values skip the widget ranges
         grid = (height // SIZE_MULTIPLE, width // SIZE_MULTIPLE)
         noise_mask = latent.get("noise_mask") if isinstance(latent, dict) else None
         editing = latent is not None and (denoise < 1.0 or noise_mask is not None)
         start = convert.latent_samples(latent) if editing else None  # else the core says what is missing
         mask = latent_mask(noise_mask, grid, batch_size) if noise_mask is not None else None
-        # the text encoder must be the model's (dev: Mistral, klein: its Qwen3), before the model is loaded
-        check_conditioning(model.core, positive.embeds)
+        # every number (linked values skip the widget ranges), the text encoder (the model's: dev: Mistral,
+        # klein: its Qwen3) and the edit inputs are checked here, before the model is loaded
+        request = SampleRequest(
+            model.core,
+            positive.embeds,
+            settings,
+            negative=negative.embeds if negative is not None else None,
+            references=references,
+            interrupt=host.check_interrupt,
+            start=start,
+            strength=denoise,
+            mask=mask,
+            step_cache=cache_rule,
+        )
         required = estimate_memory(model.core, settings, references)
         host.load_all(model.patchers, required)  # every device of a block split: each needs the activations
         tokens = references.num_tokens if references is not None else 0
@@ -190,20 +200,7 @@ class Flux2KleinSampler(io.ComfyNode):
             check_fits(required, device, what, advice, free=host.free_memory(device))
         with host.out_of_memory(what, advice):
             reference_kv = cls._reference_kv(model.core, references, kv_cache)
-            samples = sample(
-                model.core,
-                positive.embeds,
-                settings,
-                negative=negative.embeds if negative is not None else None,
-                references=references,
-                callback=host.step_reporter(steps),
-                interrupt=host.check_interrupt,
-                start=start,
-                strength=denoise,
-                mask=mask,
-                kv_cache=reference_kv,
-                step_cache=cache_rule,
-            )
+            samples = sample(replace(request, kv_cache=reference_kv, callback=host.step_reporter(steps)))
         out = {"samples": samples.to(host.intermediate_device())}
         if noise_mask is not None:  # kept, as native samplers keep it, for a second (refining) pass
             out["noise_mask"] = noise_mask

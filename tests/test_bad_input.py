@@ -23,7 +23,7 @@ from flux2_core.cli.main import main
 from flux2_core.dit.files import load_transformer
 from flux2_core.errors import Flux2Error
 from flux2_core.limits import check_fits, check_request
-from flux2_core.sampling import SampleSettings, sample
+from flux2_core.sampling import SampleRequest, SampleSettings, sample
 from flux2_core.text.encoder import load_text_encoder, text_encoder_from_state_dict
 from flux2_core.vae.autoencoder import load_vae
 
@@ -155,7 +155,7 @@ def test_the_core_checks_limits_for_linked_node_values(files):
     # Linked values skip ComfyUI's widget validation; the core sees them anyway.
     model = load_transformer(files["model"])
     with pytest.raises(Flux2Error, match="steps is 500"):
-        sample(model, torch.zeros(1, 7, 96), SampleSettings(64, 64, 500, 1.0, 0))
+        sample(SampleRequest(model, torch.zeros(1, 7, 96), SampleSettings(64, 64, 500, 1.0, 0)))
 
 
 def test_a_request_that_cannot_fit_is_refused_with_the_numbers():
@@ -209,7 +209,7 @@ def test_nan_weights_stop_the_run_with_the_likely_causes(files, tmp_path):
     save_file(sd, tmp_path / "nan.safetensors")
     model = load_transformer(tmp_path / "nan.safetensors")
     with pytest.raises(Flux2Error, match="NaN or infinite values.*corrupt or badly converted file"):
-        sample(model, torch.randn(1, 7, 96), SampleSettings(64, 64, 2, 1.0, 0))
+        sample(SampleRequest(model, torch.randn(1, 7, 96), SampleSettings(64, 64, 2, 1.0, 0)))
 
 
 def test_a_vae_that_overflows_stops_the_decode(tmp_path):
@@ -222,7 +222,11 @@ def test_a_vae_that_overflows_stops_the_decode(tmp_path):
 
 def test_base_model_with_guidance_one_says_cfg_is_off(files, caplog):
     caplog.set_level(logging.INFO)
-    sample(load_transformer(files["base"]), torch.randn(1, 7, 96), SampleSettings(64, 64, 1, 1.0, 0))
+    sample(
+        SampleRequest(
+            load_transformer(files["base"]), torch.randn(1, 7, 96), SampleSettings(64, 64, 1, 1.0, 0)
+        )
+    )
     assert "CFG is off" in caplog.text
 
 

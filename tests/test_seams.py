@@ -13,7 +13,7 @@ from flux2_core.dit.files import load_transformer
 from flux2_core.dit.rope import image_ids, text_ids
 from flux2_core.errors import Flux2Error
 from flux2_core.flow import euler, make_noise, pack, start_from, truncate, unpack
-from flux2_core.sampling import SampleSettings, get_sigmas, sample
+from flux2_core.sampling import SampleRequest, SampleSettings, get_sigmas, sample
 from flux2_core.text.encoder import text_encoder_from_state_dict
 from flux2_core.vae.latent_format import ScaleShift
 from flux2_core.weights import checkpoint
@@ -135,9 +135,9 @@ def test_start_latent_with_the_full_schedule_is_todays_sampler(files, monkeypatc
     model = load_transformer(files["bfl"])
     settings = SampleSettings(64, 64, 3, 1.0, seed=4)
     ctx = torch.randn(1, T, 24, generator=torch.Generator().manual_seed(1))
-    plain = sample(model, ctx, settings)
+    plain = sample(SampleRequest(model, ctx, settings))
     start = torch.randn(1, 128, 4, 4, generator=torch.Generator().manual_seed(2))
-    assert torch.equal(sample(model, ctx, settings, start=start, strength=1.0), plain)
+    assert torch.equal(sample(SampleRequest(model, ctx, settings, start=start, strength=1.0)), plain)
     # A partial schedule: the tail of the full one (diffusers' get_timesteps: int(3 - 3 * 0.5) = 1 step
     # skipped), started from the start latent noised to its first sigma, x = (1 - s) start + s noise.
     seen = []
@@ -147,7 +147,7 @@ def test_start_latent_with_the_full_schedule_is_todays_sampler(files, monkeypatc
         return euler(denoise, x, sigmas, *rest)
 
     monkeypatch.setattr(sampling, "euler", recording)
-    half = sample(model, ctx, settings, start=start, strength=0.5)
+    half = sample(SampleRequest(model, ctx, settings, start=start, strength=0.5))
     full = get_sigmas(3, 16).tolist()
     assert seen == [full[1:]]
     s = full[1]
@@ -189,7 +189,7 @@ def test_embedded_guidance_reaches_the_model(tmp_path):
     assert model.variant.name == "dev" and model.variant.guidance == "embedded"
     ctx = torch.randn(1, T, 24, generator=torch.Generator().manual_seed(3))
     settings = SampleSettings(64, 64, 2, 3.5, seed=5)
-    got = sample(model, ctx, settings)
+    got = sample(SampleRequest(model, ctx, settings))
     # The same two Euler steps by hand, the value 3.5 given to the model's guidance embedder.
     sigmas = get_sigmas(2, 16).tolist()
     x = pack(make_noise(1, 64, 64, seed=5))
@@ -199,7 +199,7 @@ def test_embedded_guidance_reaches_the_model(tmp_path):
             v = model.transformer(x, image_ids(4, 4), t, ctx, text_ids(T), guidance=torch.full((1,), 3.5))
             x = x + (sigmas[i + 1] - sigmas[i]) * v
     assert torch.equal(got, unpack(x, 4, 4))
-    assert not torch.equal(sample(model, ctx, SampleSettings(64, 64, 2, 1.5, seed=5)), got)
+    assert not torch.equal(sample(SampleRequest(model, ctx, SampleSettings(64, 64, 2, 1.5, seed=5))), got)
 
 
 def test_guidance_kind_must_fit_the_weights(tmp_path, files):

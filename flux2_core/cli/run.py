@@ -33,6 +33,7 @@ from ..limits import MAX_FILL_GUIDANCE, MAX_GUIDANCE, check_request, check_seed
 from ..lora import prepare_lora
 from ..references import MAX_REFERENCE_PIXELS, encode_references, processed_size
 from ..sampling import (
+    SampleRequest,
     SampleSettings,
     check_conditioning,
     check_text_width,
@@ -40,7 +41,6 @@ from ..sampling import (
     output_size,
     sample,
     sampling_memory,
-    settings_numbers,
 )
 from ..text.encoder import load_text_encoder, text_encoder_spec_for
 from ..vae.autoencoder import load_vae
@@ -163,7 +163,7 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     steps = variant.default_steps if args.steps is None else args.steps
     guidance = variant.default_guidance if args.guidance is None else args.guidance
     settings = SampleSettings(width, height, steps, guidance, args.seed, args.batch_size)
-    check_request(*settings_numbers(settings))
+    settings.check()
     te_spec = text_encoder_spec_for(text_encoder)
     te_shape, te_bytes, _ = weight_bytes(te_spec, text_encoder, dtype)
     check_text_width(
@@ -252,21 +252,20 @@ def sample_prompts(request, plan, model, conditioning, references, start, mask, 
     results = []
     for k in range(len(args.prompt)):
         with tqdm(total=settings.steps, unit="step", disable=None if ranks.is_main else True) as bar:
-            results.append(
-                sample(
-                    model,
-                    conditioning[k : k + 1],
-                    settings,
-                    negative=negative,
-                    references=references,
-                    callback=lambda done, total, x0: bar.update(1),
-                    start=start,
-                    strength=edit.strength if edit is not None else 1.0,
-                    mask=mask,
-                    kv_cache=kv_cache,
-                    step_cache=args.step_cache,
-                )  # fmt: skip
+            run = SampleRequest(
+                model,
+                conditioning[k : k + 1],
+                settings,
+                negative=negative,
+                references=references,
+                callback=lambda done, total, x0: bar.update(1),
+                start=start,
+                strength=edit.strength if edit is not None else 1.0,
+                mask=mask,
+                kv_cache=kv_cache,
+                step_cache=args.step_cache,
             )
+            results.append(sample(run))
     if args.offload == "stream":
         disable_streaming(model.transformer)  # back on the CPU, as loaded
     model.transformer.to("cpu")

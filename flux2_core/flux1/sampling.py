@@ -10,7 +10,6 @@ raw VAE-space latent [B, 16, H/8, W/8], which native ``VAEDecode`` decodes with 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,12 +21,20 @@ from ..errors import Flux2Error
 from ..flow import StepCallback, euler, make_noise, shifted_sigmas, start_from, truncate
 from ..hooks import before_each, calling, copies_released
 from ..limits import MAX_FILL_GUIDANCE, check_request
+from ..sampling_checks import activation_bytes, batched, check_finite, check_strength
 from .config import DEFAULT_GUIDANCE, DEFAULT_STEPS, LATENT_FORMAT, schedule_shift
 from .encoders import FillConditioning
 from .fill import FillInputs, pack_latent, unpack_latent
 from .transformer import Flux1FillModel, image_ids, text_ids
 
 log = logging.getLogger(__name__)
+
+NAN_CAUSES = (
+    ": the weights hold NaN/inf (download the file again) or the model ran in float16 (use bfloat16 or "
+    "float32)"
+)
+PROMPTS_FOR_BATCH = "{given} prompts for a batch of {batch}: give one, or as many as the batch size"
+IMAGES_FOR_BATCH = "{given} masked images for a batch of {batch}: give one, or as many as the batch size"
 
 
 @dataclass(frozen=True)
@@ -64,11 +71,11 @@ def fill_memory(model: Flux1FillModel, width: int, height: int, batch_size: int)
 
 
 def fill_activation_bytes(config, dtype: torch.dtype, width: int, height: int, batch_size: int) -> int:
-    """The same from shapes alone: as the FLUX.2 estimate, about 24 hidden-wide rows per token at the peak
-    (the 12288-wide MLP of the single blocks included)."""
-    itemsize = torch.finfo(dtype).bits // 8
-    tokens = FLUX1.max_text_tokens + (width // 16) * (height // 16)
-    return batch_size * tokens * config.hidden_size * 24 * itemsize
+    """The same from shapes alone: as the FLUX.2 estimate, about ``ACTIVATION_ROWS`` hidden-wide rows per
+    token at the peak (``sampling_checks``)."""
+    m = FLUX1.size_multiple  # pixels per token: 8 per latent cell, 2x2 cells per token
+    tokens = FLUX1.max_text_tokens + (width // m) * (height // m)
+    return activation_bytes(batch_size, tokens, config.hidden_size, dtype)
 
 
 def sample_fill(
@@ -90,8 +97,7 @@ def sample_fill(
     s = settings
     check_request(width, height, s.steps, s.guidance, s.seed, s.batch_size, MAX_FILL_GUIDANCE)
     check_fill_conditioning(model, positive)
-    if not 0.0 <= s.denoise <= 1.0 or math.isnan(s.denoise):
-        raise Flux2Error(f"denoise is {s.denoise}: use a value from 0 (keep the image) to 1 (repaint)")
+    check_strength(s.denoise, "denoise")
     if s.denoise < 1.0 and fill.source is None:
         raise Flux2Error(f"denoise {s.denoise:g} < 1 starts from the image: encode it with the fill inputs")
     net = model.transformer
@@ -109,11 +115,7 @@ def sample_fill(
         report = lambda step, total, x0: callback(step, total, unpack_latent(x0, fill.grid))  # noqa: E731
     with copies_released(net), before_each(net.blocks(), calling(interrupt)):
         x = euler(denoise, x, sigmas, report)
-    if not torch.isfinite(x).all():
-        raise Flux2Error(
-            "sampling produced NaN or infinite values: the weights hold NaN/inf (download the file again) or "
-            "the model ran in float16 (use bfloat16 or float32)"
-        )
+    check_finite(x, NAN_CAUSES)
     log.info("%s: %dx%d, %d steps, guidance %g, seed %d", model.name, width, height, len(sigmas) - 1,
              s.guidance, s.seed)  # fmt: skip
     if cache.passes:
@@ -131,9 +133,9 @@ class FillDenoiser:
         self.cache = cache  # a FirstBlockCache, or None
         device, dtype = self.net.device, self.net.dtype
         batch = s.batch_size
-        self.ctx = _batch(positive.t5, batch, "prompts").to(device, dtype)
-        self.pooled = _batch(positive.pooled, batch, "prompts").to(device, dtype)
-        self.cond = _batch(fill.tokens, batch, "masked images").to(device, dtype)
+        self.ctx = batched(positive.t5, batch, PROMPTS_FOR_BATCH).to(device, dtype)
+        self.pooled = batched(positive.pooled, batch, PROMPTS_FOR_BATCH).to(device, dtype)
+        self.cond = batched(fill.tokens, batch, IMAGES_FOR_BATCH).to(device, dtype)
         self.ctx_ids, self.x_ids = text_ids(self.ctx.shape[1]), image_ids(*fill.grid)
         self.guidance = torch.full((batch,), s.guidance, dtype=torch.float32)
 
@@ -145,13 +147,3 @@ class FillDenoiser:
             # without a cache the call is the one without it
             v = self.net(*args) if self.cache is None else self.net(*args, step_cache=self.cache)
         return v.float()
-
-
-def _batch(tensor: torch.Tensor, batch_size: int, what: str) -> torch.Tensor:
-    if tensor.shape[0] == batch_size:
-        return tensor
-    if tensor.shape[0] == 1:
-        return tensor.expand(batch_size, *tensor.shape[1:])
-    raise Flux2Error(
-        f"{tensor.shape[0]} {what} for a batch of {batch_size}: give one, or as many as the batch size"
-    )

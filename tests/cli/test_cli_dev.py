@@ -19,7 +19,7 @@ from tiny_text import write_comfy_file as write_qwen_file
 from tiny_vae import random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core import SampleSettings, load_text_encoder, load_transformer, load_vae, sample
+from flux2_core import SampleRequest, SampleSettings, load_text_encoder, load_transformer, load_vae, sample
 from flux2_core.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_dev_runs_with_embedded_guidance_as_the_core_does(files, tmp_path):
     model = load_transformer(files["dev"])
     assert model.variant.name == "dev"
     conditioning = load_text_encoder(files["mistral"]).encode([PROMPT])
-    latents = sample(model, conditioning, SampleSettings(80, 64, STEPS, GUIDANCE, SEED))
+    latents = sample(SampleRequest(model, conditioning, SampleSettings(80, 64, STEPS, GUIDANCE, SEED)))
     pixels = load_vae(files["vae"]).decode(latents)
     expected = ((pixels[0].clamp(-1, 1) + 1) * 127.5).round().permute(1, 2, 0).numpy().astype(int)
     assert np.array_equal(_pixels(out), expected)  # dev's defaults: guidance 4 embedded

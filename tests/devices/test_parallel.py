@@ -42,7 +42,7 @@ from flux2_core.dit.transformer import Flux2Transformer
 from flux2_core.errors import Flux2Error
 from flux2_core.ops import linears
 from flux2_core.references import ReferenceLatents
-from flux2_core.sampling import SampleSettings, sample
+from flux2_core.sampling import SampleRequest, SampleSettings, sample
 from flux2_core.weights.checkpoint import open_checkpoint
 from flux2_core.weights.keymaps import plan as keymap_plan
 from flux2_core.weights.loading import load_checkpoint
@@ -232,7 +232,7 @@ def _worker(rank: int, root: str, port: int) -> None:
             model = load_transformer_parallel(root / file, mode, variant, torch.float32, "cpu")
             ctx, refs = _inputs(root, case) if dist.is_main else (None, None)
             ctx, refs = broadcast_conditioning(ctx), broadcast_references(refs)
-            latents = sample(model, ctx, _settings(case), references=refs)
+            latents = sample(SampleRequest(model, ctx, _settings(case), references=refs))
             np.save(root / f"{case}.rank{rank}.npy", latents.numpy())
             info = parallel_info(model)
             report[case] = {"weight_bytes": info.weight_bytes, "bytes_read": info.bytes_read}
@@ -241,7 +241,7 @@ def _worker(rank: int, root: str, port: int) -> None:
             ctx, refs = _inputs(root, CACHED[1]) if dist.is_main else (None, None)
             ctx, refs = broadcast_conditioning(ctx), broadcast_references(refs)
             cache, sums = StepCache(CACHED[2]), _record_sums(model.transformer.comm)
-            latents = sample(model, ctx, _cached_settings(), references=refs, step_cache=cache)
+            latents = sample(SampleRequest(model, ctx, _cached_settings(), references=refs, step_cache=cache))
             np.save(root / f"cached-{mode}.rank{rank}.npy", latents.numpy())
             report[f"cached-{mode}"] = {"full": cache.passes[0].full_steps, "sums": sums}
         report["int8-convrot16"] = _int8_slices(root / "klein-int8-convrot16.safetensors", dist)
@@ -294,7 +294,7 @@ def _single(root: Path, case: str):
     file, variant, *_ = RUNS[case]
     model = load_transformer(root / file, variant)
     ctx, refs = _inputs(root, case)
-    return model, sample(model, ctx, _settings(case), references=refs).numpy()
+    return model, sample(SampleRequest(model, ctx, _settings(case), references=refs)).numpy()
 
 
 @pytest.mark.parametrize("case", list(RUNS))
@@ -313,7 +313,9 @@ def test_the_step_cache_takes_one_decision_on_every_rank(runs, mode):
     model = load_transformer(root / CACHED[0], "distilled")
     ctx, refs = _inputs(root, CACHED[1])
     cache = StepCache(CACHED[2])
-    expected = sample(model, ctx, _cached_settings(), references=refs, step_cache=cache).numpy()
+    expected = sample(
+        SampleRequest(model, ctx, _cached_settings(), references=refs, step_cache=cache)
+    ).numpy()
     assert 1 < cache.passes[0].full_steps < CACHED[3]  # some steps skipped, not all
     seen = [r[f"cached-{mode}"] for r in reports]
     assert [s["full"] for s in seen] == [cache.passes[0].full_steps] * WORLD

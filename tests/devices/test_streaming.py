@@ -11,7 +11,7 @@ import torch
 from quant_files import write_quantised
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 
-from flux2_core import OutOfMemory, ReferenceLatents, SampleSettings, load_transformer, sample
+from flux2_core import OutOfMemory, ReferenceLatents, SampleRequest, SampleSettings, load_transformer, sample
 from flux2_core.devices.streaming import StreamedWeight, disable_streaming, enable_streaming, streamer_of
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.lora import DIT, Lora
@@ -190,12 +190,12 @@ def test_sampling_with_streaming_matches_resident(files):
     name = "double_blocks.1.txt_mlp.0"
     layer = model.transformer.get_submodule(name)
     lora = Lora("test", 1.0, {DIT: {name: [_patch(layer, 7)]}}, report=None)
-    expected = sample(model, positive, settings)
-    expected_lora = sample(model.with_lora(lora), positive, settings)
+    expected = sample(SampleRequest(model, positive, settings))
+    expected_lora = sample(SampleRequest(model.with_lora(lora), positive, settings))
     assert not torch.equal(expected, expected_lora)
     enable_streaming(model.transformer, "cpu", resident_bytes=fixed_bytes(model.transformer) + 1)
-    assert torch.equal(sample(model, positive, settings), expected)
-    assert torch.equal(sample(model.with_lora(lora), positive, settings), expected_lora)
+    assert torch.equal(sample(SampleRequest(model, positive, settings)), expected)
+    assert torch.equal(sample(SampleRequest(model.with_lora(lora), positive, settings)), expected_lora)
     assert not layer.patches  # the LoRA came off again
 
 
@@ -206,9 +206,9 @@ def test_kv_model_sampling_with_references_streams(files):
     positive = torch.randn(1, T, 24, generator=g)
     refs = ReferenceLatents.from_latents([torch.randn(1, 128, 2, 3, generator=g)])
     settings = SampleSettings(64, 64, 2, 1.0, seed=1)
-    expected = sample(model, positive, settings, references=refs)
+    expected = sample(SampleRequest(model, positive, settings, references=refs))
     enable_streaming(model.transformer, "cpu")
-    assert torch.equal(sample(model, positive, settings, references=refs), expected)
+    assert torch.equal(sample(SampleRequest(model, positive, settings, references=refs)), expected)
 
 
 def test_interrupted_block_leaves_nothing_behind(files, inputs):
@@ -267,16 +267,18 @@ def test_a_run_stopped_at_a_block_leaves_no_streamed_copy_on_the_device(files, h
     handle = block.register_forward_pre_hook(oom) if how == "out_of_memory" else None
     try:
         with pytest.raises(error):
-            sample(model, positive, settings, interrupt=interrupt if how == "interrupt" else None)
+            sample(
+                SampleRequest(model, positive, settings, interrupt=interrupt if how == "interrupt" else None)
+            )
     finally:
         if handle is not None:
             handle.remove()
     if how == "out_of_memory":
         assert seen and seen[0] > 0  # the stopped block's copy (and its successor's) were on the device
     assert streamer.device_bytes == 0
-    expected = sample(model, positive, settings)  # and the next run is a normal one
+    expected = sample(SampleRequest(model, positive, settings))  # and the next run is a normal one
     disable_streaming(model.transformer)
-    assert torch.equal(sample(model, positive, settings), expected)
+    assert torch.equal(sample(SampleRequest(model, positive, settings)), expected)
 
 
 def test_a_streamed_layer_called_on_its_own(files):

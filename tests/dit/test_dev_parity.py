@@ -28,7 +28,7 @@ from tiny_vae import write_bfl_file as write_vae_file
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.references import encode_references
-from flux2_core.sampling import SampleSettings, sample
+from flux2_core.sampling import SampleRequest, SampleSettings, sample
 from flux2_core.text.encoder import load_text_encoder
 from flux2_core.vae.autoencoder import load_vae
 
@@ -137,7 +137,7 @@ def test_full_run_matches_diffusers(weights, model, encoder, case):
 
     vae = load_vae(weights["vae_file"])
     references = encode_references(vae, images) if images else None
-    latents = sample(model, encoder.encode([spec["prompt"]]), settings, references=references)
+    latents = sample(SampleRequest(model, encoder.encode([spec["prompt"]]), settings, references=references))
     # Flux2Pipeline hands back its packed latent tokens for output_type="latent": [B, h * w, 128], row-major
     got = latents.flatten(2).transpose(1, 2)
     assert got.shape == expected.shape == (settings.batch_size, settings.height * settings.width // 256, 128)

@@ -19,7 +19,7 @@ from flux2_core.dit.files import load_transformer
 from flux2_core.dit.step_cache import FirstBlockCache, StepCache
 from flux2_core.dit.transformer import Flux2Model
 from flux2_core.errors import Flux2Error
-from flux2_core.sampling import SampleSettings, sample
+from flux2_core.sampling import SampleRequest, SampleSettings, sample
 
 STEPS = 12
 # On these random weights the first block's residual changes by 0.7-2.3 of its size from step to step (real
@@ -62,8 +62,8 @@ def _run(net, threshold, **kw):
     cache = StepCache(threshold)
     seen = Seen(net)
     try:
-        out = sample(_model(net, kw.pop("variant", "distilled")), torch.randn(1, 7, 24), settings,
-                     step_cache=cache, **kw)  # fmt: skip
+        model = _model(net, kw.pop("variant", "distilled"))
+        out = sample(SampleRequest(model, torch.randn(1, 7, 24), settings, step_cache=cache, **kw))
     finally:
         seen.remove()
     return out, cache, seen
@@ -89,9 +89,9 @@ def test_threshold_zero_is_no_cache_bit_for_bit(net):
     torch.manual_seed(0)
     text = torch.randn(1, 7, 24)
     settings = SampleSettings(64, 80, 4, 1.0, seed=5)
-    plain = sample(_model(net), text, settings)
+    plain = sample(SampleRequest(_model(net), text, settings))
     cache = StepCache(0.0)
-    assert torch.equal(sample(_model(net), text, settings, step_cache=cache), plain)
+    assert torch.equal(sample(SampleRequest(_model(net), text, settings, step_cache=cache)), plain)
     assert cache.passes == [] and cache.describe() == ""
 
 
@@ -131,11 +131,11 @@ def test_a_larger_threshold_skips_more(net):
     torch.manual_seed(0)
     text = torch.randn(1, 7, 24)
     settings = SampleSettings(64, 80, STEPS, 1.0, seed=5)
-    plain = sample(_model(net), text, settings)
+    plain = sample(SampleRequest(_model(net), text, settings))
     full = []
     for threshold in (0.5, 1.0, 1.5, 10.0):
         cache = StepCache(threshold)
-        out = sample(_model(net), text, settings, step_cache=cache)
+        out = sample(SampleRequest(_model(net), text, settings, step_cache=cache))
         full.append(cache.passes[0].full_steps)
         assert torch.isfinite(out).all()
         # 0.5: under every change, nothing is skipped and the run is the plain one, bit for bit
@@ -160,9 +160,9 @@ def test_a_new_run_starts_empty(net):
     text = torch.randn(1, 7, 24)
     settings = SampleSettings(64, 80, STEPS, 1.0, seed=5)
     cache = StepCache(THRESHOLD)
-    first = sample(_model(net), text, settings, step_cache=cache)
+    first = sample(SampleRequest(_model(net), text, settings, step_cache=cache))
     full = cache.passes[0].full_steps
-    again = sample(_model(net), text, settings, step_cache=cache)
+    again = sample(SampleRequest(_model(net), text, settings, step_cache=cache))
     assert torch.equal(first, again) and cache.passes[0].full_steps == full
 
 
@@ -173,9 +173,9 @@ def test_the_kv_path_skips_with_the_reference_cache(net):
     refs = ReferenceLatents.from_latents([torch.randn(1, 128, 3, 4)])
     text = torch.randn(1, 7, 24)
     settings = SampleSettings(64, 80, STEPS, 1.0, seed=5)
-    plain = sample(_model(net, "kv"), text, settings, references=refs)
+    plain = sample(SampleRequest(_model(net, "kv"), text, settings, references=refs))
     cache = StepCache(THRESHOLD)
-    cached = sample(_model(net, "kv"), text, settings, references=refs, step_cache=cache)
+    cached = sample(SampleRequest(_model(net, "kv"), text, settings, references=refs, step_cache=cache))
     assert cache.passes[0].full_steps < STEPS
     assert (cached - plain).abs().mean() < 0.5 * plain.abs().mean()
 
@@ -219,16 +219,16 @@ def test_streamed_and_split_models_skip_the_same_steps_with_the_same_result(tmp_
     settings = SampleSettings(64, 80, STEPS, 1.0, seed=5)
     resident, streamed, split = (load_transformer(path).transformer for _ in range(3))
     caches = [StepCache(THRESHOLD) for _ in range(3)]
-    expected = sample(_model(resident), text, settings, step_cache=caches[0])
+    expected = sample(SampleRequest(_model(resident), text, settings, step_cache=caches[0]))
     streamer = enable_streaming(streamed, "cpu")  # every block copied in just before it runs
     held = []  # the block copies on the device when the final layer has run, at every step
     hook = streamed.final_layer.register_forward_hook(lambda m, a, o: held.append(streamer.device_bytes))
-    got_streamed = sample(_model(streamed), text, settings, step_cache=caches[1])
+    got_streamed = sample(SampleRequest(_model(streamed), text, settings, step_cache=caches[1]))
     hook.remove()
     assert held == [0] * STEPS  # a step that stopped after the first block left no prefetched copy behind
     disable_streaming(streamed)
     place_blocks(split, ["cpu", "cpu"])  # the blocks over two devices (the CPU standing in for both)
-    got_split = sample(_model(split), text, settings, step_cache=caches[2])
+    got_split = sample(SampleRequest(_model(split), text, settings, step_cache=caches[2]))
     remove_placement(split)
     assert torch.equal(got_streamed, expected) and torch.equal(got_split, expected)
     assert len({c.passes[0].full_steps for c in caches}) == 1 and caches[0].passes[0].full_steps < STEPS

@@ -9,7 +9,7 @@ from quant_files import quantised_layers, write_gguf, write_quantised
 from safetensors.torch import save_file
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 
-from flux2_core import SampleSettings, load_transformer, sample
+from flux2_core import SampleRequest, SampleSettings, load_transformer, sample
 from flux2_core.lora import prepare_lora, read_lora
 from flux2_core.ops import linears
 
@@ -78,13 +78,19 @@ def test_the_same_lora_moves_every_base_by_the_same_delta(base):
     effect = {}
     for kind in ("float", "fp8", "gguf"):
         model = load_transformer(files[kind], variant="distilled")
-        plain = sample(model, text, settings)
+        plain = sample(SampleRequest(model, text, settings))
         lora = prepare_lora(read_lora(lora_path), model.transformer)
-        with_lora = sample(model.with_lora(lora), text, settings)
-        assert torch.equal(sample(model, text, settings), plain)  # the base handle is untouched afterwards
+        with_lora = sample(SampleRequest(model.with_lora(lora), text, settings))
+        assert torch.equal(
+            sample(SampleRequest(model, text, settings)), plain
+        )  # the base handle is untouched afterwards
         effect[kind] = with_lora - plain
     size = effect["float"].norm()
-    assert size > 0.05 * sample(load_transformer(files["float"], variant="distilled"), text, settings).norm()
+    assert (
+        size
+        > 0.05
+        * sample(SampleRequest(load_transformer(files["float"], variant="distilled"), text, settings)).norm()
+    )
     for kind in ("fp8", "gguf"):
         assert ((effect[kind] - effect["float"]).norm() / size).item() < 0.1, kind
 

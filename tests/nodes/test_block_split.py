@@ -124,8 +124,8 @@ def test_the_step_cache_input_runs_the_cores_cache_and_says_what_it_did(nodes, l
     shown = sampler.execute(**args, step_cache=1.0)  # random weights change by about 1 per step
     core = core_module(pack)
     cache = core.StepCache(1.0)
-    expected = core.sample(loaded["model"].core, loaded["positive"].embeds,
-                           core.SampleSettings(64, 64, 8, 1.0, 7, 1), step_cache=cache)  # fmt: skip
+    expected = core.sample(core.SampleRequest(loaded["model"].core, loaded["positive"].embeds,
+                           core.SampleSettings(64, 64, 8, 1.0, 7, 1), step_cache=cache))  # fmt: skip
     assert torch.equal(shown.args[0]["samples"], expected)
     assert shown.ui["text"] == [cache.describe()] and 1 < cache.passes[0].full_steps < 8
     assert cache.describe().startswith("step cache 1: ") and cache.describe().endswith(

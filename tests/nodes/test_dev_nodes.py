@@ -28,7 +28,7 @@ def test_dev_sampling_embeds_the_guidance_and_equals_the_core_run(nodes, dev, lo
                 height=80, batch_size=1)  # fmt: skip
     (out,) = nodes["Flux2KleinSampler"].execute(**args)
     settings = core.SampleSettings(64, 80, 2, 4.0, 5, 1)
-    expected = core.sample(dev["model"].core, dev["positive"].embeds, settings)
+    expected = core.sample(core.SampleRequest(dev["model"].core, dev["positive"].embeds, settings))
     assert torch.equal(out["samples"], expected) and out["samples"].shape == (1, 128, 5, 4)
     assert [(v, t) for v, t, _ in host.progress] == [(1, 2), (2, 2)]
     (lower,) = nodes["Flux2KleinSampler"].execute(**{**args, "guidance": 2.0})

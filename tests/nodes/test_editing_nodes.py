@@ -112,8 +112,9 @@ def test_the_sampler_keeps_the_noise_mask_for_a_second_pass(nodes, loaded, pack)
     # the second pass is the core's inpaint of the first pass's latent, under the same mask, half the schedule
     packed_mask = core.latent_mask(latent["noise_mask"], (4, 4), 1)
     settings = core.SampleSettings(64, 64, 2, 1.0, 1)  # args' size (the latent's), steps, guidance, seed
-    expected = core.sample(loaded["model"].core, loaded["positive"].embeds, settings, references=refs,
-                           start=first["samples"], strength=0.5, mask=packed_mask)  # fmt: skip
+    request = core.SampleRequest(loaded["model"].core, loaded["positive"].embeds, settings, references=refs,
+                                 start=first["samples"], strength=0.5, mask=packed_mask)  # fmt: skip
+    expected = core.sample(request)
     assert torch.equal(second["samples"], expected)
     # outside the mask each pass ends on its start latent (the blend at sigma 0), inside it repaints
     keep = packed_mask[0, :, 0].reshape(4, 4) == 0

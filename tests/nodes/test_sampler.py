@@ -106,7 +106,8 @@ def test_kv_model_with_references_is_the_core_kv_run(nodes, loaded, pack):
     (refs,) = nodes["Flux2KleinReferenceEncode"].execute(loaded["vae"], image(64, 64))
     samples = run_sampler(nodes, loaded, model=kv, references=refs, steps=2)
     settings = core.SampleSettings(64, 64, 2, 1.0, 7, 1)  # run_sampler's size, steps, guidance and seed
-    expected = core.sample(kv.core, loaded["positive"].embeds, settings, references=refs)  # no cache given
+    request = core.SampleRequest(kv.core, loaded["positive"].embeds, settings, references=refs)
+    expected = core.sample(request)  # no cache given
     assert samples.shape == (1, 128, 4, 4) and torch.equal(samples, expected)
     # controls: the references matter, and the KV attention is not the plain models' joint attention
     assert not torch.equal(samples, run_sampler(nodes, loaded, model=kv, steps=2))

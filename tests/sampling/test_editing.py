@@ -21,7 +21,7 @@ from flux2_core.editing import (
 from flux2_core.errors import Flux2Error
 from flux2_core.flow import start_from, truncate
 from flux2_core.references import ReferenceLatents, encode_references, prepare_reference
-from flux2_core.sampling import SampleSettings, get_sigmas, sample
+from flux2_core.sampling import SampleRequest, SampleSettings, get_sigmas, sample
 from flux2_core.vae.autoencoder import denormalize, load_vae, unpatchify
 
 TOLERANCE = 1e-4
@@ -113,14 +113,16 @@ def test_inpaint_matches_diffusers_inpaint_pipeline(weights, vae, case):
     references = ReferenceLatents.from_latents([source, *extra])
     pixels_mask = torch.from_numpy(np.asarray(mask, dtype=np.float32) / 255.0)
     latents = sample(
-        model,
-        positive,
-        settings,
-        negative=negative,
-        references=references,
-        start=source,
-        strength=spec["strength"],
-        mask=latent_mask(pixels_mask, (4, 5)),
+        SampleRequest(
+            model,
+            positive,
+            settings,
+            negative=negative,
+            references=references,
+            start=source,
+            strength=spec["strength"],
+            mask=latent_mask(pixels_mask, (4, 5)),
+        )
     )
     got = unpatchify(denormalize(latents, vae.bn.running_mean, vae.bn.running_var))
     diff = (got - expected).abs().max().item()
@@ -133,7 +135,8 @@ def test_img2img_at_full_strength_is_text_to_image(weights, vae):
     settings = SampleSettings(64, 64, 4, 1.0, seed=5)
     start = vae.encode(prepare_reference(_image(64, 64, seed=3)))
     assert torch.equal(
-        sample(model, _embeds(1), settings, start=start, strength=1.0), sample(model, _embeds(1), settings)
+        sample(SampleRequest(model, _embeds(1), settings, start=start, strength=1.0)),
+        sample(SampleRequest(model, _embeds(1), settings)),
     )
 
 
@@ -226,11 +229,11 @@ def test_editing_inputs_are_checked(weights, vae):
     model = load_transformer(weights["dit_file"])
     settings = SampleSettings(64, 64, 2, 1.0, seed=0)
     with pytest.raises(Flux2Error, match="needs an image \\(latent\\) to start from"):
-        sample(model, _embeds(0), settings, strength=0.5)
+        sample(SampleRequest(model, _embeds(0), settings, strength=0.5))
     with pytest.raises(Flux2Error, match="strength \\(denoise\\) is 1.5"):
-        sample(model, _embeds(0), settings, start=torch.zeros(1, 128, 4, 4), strength=1.5)
+        sample(SampleRequest(model, _embeds(0), settings, start=torch.zeros(1, 128, 4, 4), strength=1.5))
     with pytest.raises(Flux2Error, match="start latent has shape \\[1, 128, 5, 4\\]"):
-        sample(model, _embeds(0), settings, start=torch.zeros(1, 128, 5, 4), strength=0.5)
+        sample(SampleRequest(model, _embeds(0), settings, start=torch.zeros(1, 128, 5, 4), strength=0.5))
     with pytest.raises(Flux2Error, match="the mask is empty"):
         prepare_inpaint(torch.rand(64, 64, 3), torch.zeros(64, 64))
     with pytest.raises(Flux2Error, match="the mask is 64x80 but the image is 64x64"):
@@ -241,10 +244,14 @@ def test_an_empty_latent_mask_gives_back_the_source_and_a_full_one_is_img2img(we
     model = load_transformer(weights["dit_file"])
     settings = SampleSettings(64, 64, 4, 1.0, seed=9)
     source = vae.encode(prepare_reference(_image(64, 64, seed=4)))
-    kept = sample(model, _embeds(2), settings, start=source, strength=0.8, mask=torch.zeros(1, 16, 1))
+    kept = sample(
+        SampleRequest(model, _embeds(2), settings, start=source, strength=0.8, mask=torch.zeros(1, 16, 1))
+    )
     torch.testing.assert_close(kept, source, atol=1e-6, rtol=0)  # the last blend is at sigma 0
-    full = sample(model, _embeds(2), settings, start=source, strength=0.8, mask=torch.ones(1, 16, 1))
-    assert torch.equal(full, sample(model, _embeds(2), settings, start=source, strength=0.8))
+    full = sample(
+        SampleRequest(model, _embeds(2), settings, start=source, strength=0.8, mask=torch.ones(1, 16, 1))
+    )
+    assert torch.equal(full, sample(SampleRequest(model, _embeds(2), settings, start=source, strength=0.8)))
 
 
 def test_growing_is_a_square_dilation_and_the_feather_a_depth_ramp():
@@ -290,8 +297,8 @@ def test_an_unpainted_load_image_mask_says_it_is_empty():
 def test_a_bad_mask_shape_is_a_clear_error_in_the_core(weights):
     model = load_transformer(weights["dit_file"])
     with pytest.raises(Flux2Error, match="the inpaint mask has shape \\[1, 16, 3\\]"):
-        sample(model, _embeds(0), SampleSettings(64, 64, 2, 1.0, 0), start=torch.zeros(1, 128, 4, 4),
-               mask=torch.ones(1, 16, 3))  # fmt: skip
+        sample(SampleRequest(model, _embeds(0), SampleSettings(64, 64, 2, 1.0, 0),
+                             start=torch.zeros(1, 128, 4, 4), mask=torch.ones(1, 16, 3)))  # fmt: skip
 
 
 def test_an_outpaint_with_a_hard_edge_keeps_the_original_exactly():

@@ -14,7 +14,7 @@ from tiny_vae import write_bfl_file as write_vae_file
 
 from flux2_core.dit.files import load_transformer
 from flux2_core.references import encode_references
-from flux2_core.sampling import SampleSettings, sample
+from flux2_core.sampling import SampleRequest, SampleSettings, sample
 from flux2_core.vae.autoencoder import load_vae
 
 TOLERANCE = 1e-4  # max abs difference on the final latents, float32 on the CPU
@@ -106,7 +106,7 @@ def test_full_run_matches_diffusers(weights, ours, case):
 
     model = load_transformer(weights["dit_file"], variant=spec["variant"])
     references = encode_references(ours, images) if images else None
-    latents = sample(model, positive, settings, negative=negative, references=references)
+    latents = sample(SampleRequest(model, positive, settings, negative=negative, references=references))
     assert latents.shape == (settings.batch_size, 128, settings.height // 16, settings.width // 16)
     got = as_diffusers_latents(latents, ours)
     assert got.shape == expected.shape

@@ -11,6 +11,7 @@ from flux2_core.configs import VARIANTS, Flux2Config
 from flux2_core.dit.transformer import Flux2Model
 from flux2_core.errors import Flux2Error
 from flux2_core.sampling import (
+    SampleRequest,
     SampleSettings,
     compute_empirical_mu,
     get_sigmas,
@@ -95,7 +96,7 @@ def _model(variant="distilled", net=None):
 def test_euler_is_exact_on_a_constant_field():
     model = _model()
     settings = SampleSettings(width=64, height=96, steps=3, guidance=1.0, seed=7, batch_size=2)
-    out = sample(model, torch.ones(1, 5, 24), settings)
+    out = sample(SampleRequest(model, torch.ones(1, 5, 24), settings))
     expected = make_noise(2, 96, 64, seed=7) - model.transformer.c[None, :, None, None]
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
     assert model.transformer.calls == 3
@@ -104,7 +105,7 @@ def test_euler_is_exact_on_a_constant_field():
 def test_true_cfg_combines_two_passes():
     model = _model("base")
     settings = SampleSettings(width=64, height=64, steps=2, guidance=4.0, seed=1)
-    out = sample(model, torch.ones(1, 5, 24), settings, negative=-torch.ones(1, 5, 24))
+    out = sample(SampleRequest(model, torch.ones(1, 5, 24), settings, negative=-torch.ones(1, 5, 24)))
     # v = v_u + g (v_c - v_u) = -c + 4 (2c) = 7c over a total sigma drop of 1
     expected = make_noise(1, 64, 64, seed=1) - 7 * model.transformer.c[None, :, None, None]
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
@@ -113,12 +114,16 @@ def test_true_cfg_combines_two_passes():
 
 def test_base_model_with_guidance_needs_a_negative():
     with pytest.raises(Flux2Error, match="needs a negative conditioning"):
-        sample(_model("base"), torch.ones(1, 5, 24), SampleSettings(64, 64, 2, 4.0, 0))
+        sample(SampleRequest(_model("base"), torch.ones(1, 5, 24), SampleSettings(64, 64, 2, 4.0, 0)))
 
 
 def test_distilled_model_ignores_guidance_with_a_warning(caplog):
     model = _model()
-    sample(model, torch.ones(1, 5, 24), SampleSettings(64, 64, 2, 3.0, 0), negative=torch.ones(1, 5, 24))
+    sample(
+        SampleRequest(
+            model, torch.ones(1, 5, 24), SampleSettings(64, 64, 2, 3.0, 0), negative=torch.ones(1, 5, 24)
+        )
+    )
     assert model.transformer.calls == 2 and "ignored" in caplog.text
 
 
@@ -128,13 +133,13 @@ def test_wrong_text_encoder_is_named():
     with pytest.raises(
         Flux2Error, match="klein 9B needs Qwen3-8B: 12288-wide conditioning, this conditioning gives 7680"
     ):
-        sample(model, torch.ones(1, 5, 7680), SampleSettings(64, 64, 2, 1.0, 0))
+        sample(SampleRequest(model, torch.ones(1, 5, 7680), SampleSettings(64, 64, 2, 1.0, 0)))
 
 
 @pytest.mark.parametrize("width, height", [(1000, 1024), (1024, 48), (0, 64)])
 def test_impossible_sizes(width, height):
     with pytest.raises(Flux2Error, match="multiple of 16 of at least 64"):
-        sample(_model(), torch.ones(1, 5, 24), SampleSettings(width, height, 2, 1.0, 0))
+        sample(SampleRequest(_model(), torch.ones(1, 5, 24), SampleSettings(width, height, 2, 1.0, 0)))
 
 
 def test_interrupt_hook_stops_the_run():
@@ -147,14 +152,18 @@ def test_interrupt_hook_stops_the_run():
         raise Stop
 
     with pytest.raises(Stop):
-        sample(_model(net=net), torch.ones(1, 5, 24), SampleSettings(64, 64, 2, 1.0, 0), interrupt=interrupt)
+        sample(
+            SampleRequest(
+                _model(net=net), torch.ones(1, 5, 24), SampleSettings(64, 64, 2, 1.0, 0), interrupt=interrupt
+            )
+        )
     assert net.calls == 1  # stopped inside the first forward, before its block
     assert not net.block._forward_pre_hooks  # removed even when interrupted
 
 
 def test_prompt_count_must_match_batch():
     with pytest.raises(Flux2Error, match="holds 2 prompts but the batch size is 3"):
-        sample(_model(), torch.ones(2, 5, 24), SampleSettings(64, 64, 1, 1.0, 0, batch_size=3))
+        sample(SampleRequest(_model(), torch.ones(2, 5, 24), SampleSettings(64, 64, 1, 1.0, 0, batch_size=3)))
 
 
 def test_noise_equals_native_comfyui_prepare_noise():
