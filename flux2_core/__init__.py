@@ -10,13 +10,8 @@ Self-contained (it never imports ComfyUI). A text-to-image run::
     latents = sample(SampleRequest(model, encoder.encode(["a red fox"]), settings))
     pixels = vae.decode(latents)                                         # [B, 3, H, W] in about -1..1
 
-Editing adds ``references=encode_references(vae, [image, ...])`` to the request. Where things live: the top
-level is the way of the data (``references`` and ``editing``: the edit inputs; ``sampling``: the checked
-request and the klein denoiser; ``sampling_checks``: what both families' samplers check; ``flow``: noise and
-the Euler loop; ``ops``: the weight seam; ``hooks``: per-block work), and each subpackage one part: ``dit``
-(the transformer), ``vae``, ``text`` (Qwen3, Mistral, tokenizers), ``weights`` (checkpoints, GGUF, Hub ids,
-key maps, quantised formats, the loading pipeline), ``lora``, ``devices`` (streaming, block placement, tensor
-/ sequence parallelism), ``flux1`` (FLUX.1 Fill [dev]) and ``cli``.
+Editing adds ``references=encode_references(vae, [image, ...])`` to the request. The map of the package
+(which subpackage holds what, and the rules between them) is written once, in docs/architecture.md.
 """
 
 from .configs import (
