@@ -13,8 +13,10 @@ import json
 import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline
+from loader_contract import LoaderContract
 from parity_helpers import random_image
-from tiny_dit import make_diffusers_dit
+from safetensors.torch import save_file
+from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 from tiny_mistral import (
     TINY_TEXT,
     make_tiny_mistral3,
@@ -66,31 +68,80 @@ def encoder(weights):
     return load_text_encoder(weights["root"] / "text_encoder")
 
 
-def test_dit_forward_with_guidance_and_references(model):
+def test_the_repository_is_dev(model):
     assert model.variant.name == "dev" and model.config.guidance_embed
-    reference = _dev_dit()
+
+
+def _dev_inputs():
     g = torch.Generator().manual_seed(5)
     x, ref = torch.randn(2, 12, 128, generator=g), torch.randn(2, 14, 128, generator=g)
-    ctx, t, guidance = (
-        torch.randn(2, 9, CONTEXT, generator=g),
-        torch.tensor([0.73, 0.73]),
-        torch.tensor([4.0, 2.5]),
-    )
-    x_ids, ref_ids = image_ids(3, 4), reference_ids([(2, 3), (4, 2)])
-    with torch.no_grad():
-        expected = reference(
+    ctx = torch.randn(2, 9, CONTEXT, generator=g)
+    return x, ref, ctx, torch.tensor([0.73, 0.73]), torch.tensor([4.0, 2.5])
+
+
+X_IDS, REF_IDS = image_ids(3, 4), reference_ids([(2, 3), (4, 2)])
+
+
+class TestDevLoader(LoaderContract):
+    """The FLUX.2 loader on dev files (BFL's, ComfyUI's prefixed, diffusers' repository), compared with
+    diffusers on a forward with embedded guidance and two references."""
+
+    LAYOUTS = ("bfl", "comfy", "diffusers")
+    FOREIGN = {"VAE": "is a VAE, not a FLUX.2"}
+    MISSING = "single_blocks.1.linear2.weight"
+    FILE_NAME = "flux2-dev.safetensors"
+
+    def make_reference(self):
+        return _dev_dit()
+
+    def write(self, layout, reference, folder):
+        if layout == "diffusers":
+            root = folder / "FLUX.2-dev-tiny"
+            reference.save_pretrained(root / "transformer", safe_serialization=True)
+            (root / "model_index.json").write_text(json.dumps({"_class_name": "Flux2Pipeline"}))
+            return root
+        prefix = "model.diffusion_model." if layout == "comfy" else ""
+        return write_bfl_file(reference, folder / self.FILE_NAME, prefix=prefix)
+
+    def write_foreign(self, name, folder):
+        save_file({"encoder.conv_in.weight": torch.zeros(4, 3, 3, 3)}, folder / "flux2-vae.safetensors")
+        return folder / "flux2-vae.safetensors"
+
+    def load(self, path):
+        model = load_transformer(path)
+        assert model.variant.name == "dev"  # found by its guidance embedder, whatever the layout
+        return model
+
+    def make_inputs(self):
+        return _dev_inputs()
+
+    def run(self, model, inputs):
+        x, ref, ctx, t, guidance = inputs
+        return model.transformer(x, X_IDS, t, ctx, text_ids(9), ref=ref, ref_ids=REF_IDS, guidance=guidance)
+
+    def run_reference(self, reference, inputs):
+        x, ref, ctx, t, guidance = inputs
+        out = reference(
             hidden_states=torch.cat([x, ref], 1),
             encoder_hidden_states=ctx,
             timestep=t,
-            img_ids=torch.cat([x_ids, ref_ids]),
+            img_ids=torch.cat([X_IDS, REF_IDS]),
             txt_ids=text_ids(9),
             guidance=guidance,
             return_dict=False,
-        )[0][:, :12]
-        got = model.transformer(x, x_ids, t, ctx, text_ids(9), ref=ref, ref_ids=ref_ids, guidance=guidance)
-        no_guidance_change = model.transformer(x, x_ids, t, ctx, text_ids(9), ref, ref_ids, guidance * 0 + 1)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-    assert not torch.allclose(got, no_guidance_change, atol=1e-3)  # the guidance value reaches the output
+        )
+        return out[0][:, : x.shape[1]]
+
+    def state_dict(self, reference):
+        return bfl_state_dict(reference)
+
+
+def test_the_guidance_value_reaches_the_output(model):
+    x, ref, ctx, t, guidance = _dev_inputs()
+    with torch.no_grad():
+        got = model.transformer(x, X_IDS, t, ctx, text_ids(9), ref, REF_IDS, guidance)
+        no_guidance_change = model.transformer(x, X_IDS, t, ctx, text_ids(9), ref, REF_IDS, guidance * 0 + 1)
+    assert not torch.allclose(got, no_guidance_change, atol=1e-3)
 
 
 def _diffusers_run(weights, prompts, settings, images):

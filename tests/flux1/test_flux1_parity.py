@@ -19,6 +19,9 @@ import pytest
 import torch
 from diffusers import AutoencoderKL, FluxFillPipeline
 from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+from loader_contract import LoaderContract
+from tiny_dit import make_diffusers_dit
+from tiny_dit import write_bfl_file as write_klein_dit
 from tiny_flux1 import (
     PARITY_VAE,
     bfl_fill_state_dict,
@@ -142,30 +145,60 @@ def _our_dit(model, inputs):
 # ---- the DiT ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", ["diffusers file", "diffusers folder", "BFL", "BFL prefixed"])
-def test_dit_forward_matches_diffusers(refs, ours, files, tmp_path, layout):
-    dit = refs["dit"]
-    if layout == "diffusers file":
-        model = ours["dit"]
-    elif layout == "diffusers folder":
-        dit.save_pretrained(tmp_path / "repo" / "transformer", max_shard_size="1MB")
-        model = load_fill_transformer(tmp_path / "repo")
-    else:
-        # written from our loaded model's state dict: its names and values must be BFL's (BFL's key table)
-        sd = ours["dit"].transformer.state_dict()
-        reference = bfl_fill_state_dict(dit)
-        assert len(sd) == 20 + 24 * 2 + 8 * 2  # BFL: top level + per double block + per single block
-        assert set(sd) == set(reference)
-        assert all(torch.equal(sd[k], reference[k]) for k in reference)
+def test_our_dit_weights_are_bfls_key_table(refs, ours):
+    # our loaded model's state dict: its names and values are BFL's (BFL's key table, diffusers' map inverted)
+    sd = ours["dit"].transformer.state_dict()
+    reference = bfl_fill_state_dict(refs["dit"])
+    assert len(sd) == 20 + 24 * 2 + 8 * 2  # BFL: top level + per double block + per single block
+    assert set(sd) == set(reference)
+    assert all(torch.equal(sd[k], reference[k]) for k in reference)
+
+
+class TestFillLoader(LoaderContract):
+    """The FLUX.1 Fill loader on diffusers' file and folder and BFL's file (plain and ComfyUI-prefixed)."""
+
+    LAYOUTS = ("diffusers file", "diffusers folder", "BFL", "BFL prefixed")
+    FOREIGN = {
+        "klein DiT": r"flux-2-klein-4b.* is a FLUX.2 model.*choose flux1-fill-dev",
+        "FLUX.1 dev": r"FLUX.1 \[dev\] / \[schnell\] / Kontext, not FLUX.1 Fill \[dev\].*choose flux1-fill",
+    }
+    MISSING = "single_blocks.1.linear2.weight"
+    FILE_NAME = "flux1-fill-dev.safetensors"
+    ATOL = 2e-5  # measured 1.9e-6 on outputs of mean size ~1
+
+    def make_reference(self):
+        return make_diffusers_fill_dit(seed=1)
+
+    def write(self, layout, reference, folder):
+        if layout == "diffusers file":
+            return save_tensors(reference.state_dict(), folder / "transformer" / self.FILE_NAME)
+        if layout == "diffusers folder":
+            reference.save_pretrained(folder / "repo" / "transformer", max_shard_size="1MB")
+            return folder / "repo"
         prefix = "model.diffusion_model." if layout == "BFL prefixed" else ""
-        model = load_fill_transformer(save_tensors(sd, tmp_path / "flux1-fill-dev.safetensors", prefix))
-    assert model.config.in_channels == 384 and model.config.num_heads == 2
-    inputs = _dit_inputs()
-    want = _diffusers_dit(dit, inputs)
-    got = _our_dit(model, inputs)
-    assert got.shape == (2, 24, 64)
-    diff = (got - want).abs().max().item()
-    assert diff < 2e-5, diff  # measured 1.9e-6 on outputs of mean size ~1
+        return save_tensors(bfl_fill_state_dict(reference), folder / self.FILE_NAME, prefix)
+
+    def write_foreign(self, name, folder):
+        if name == "klein DiT":
+            return write_klein_dit(make_diffusers_dit(seed=3), folder / "flux-2-klein-4b.safetensors")
+        dev = bfl_fill_state_dict(make_diffusers_fill_dit(in_channels=64))
+        return save_tensors(dev, folder / "flux1-dev.safetensors")
+
+    def load(self, path):
+        return load_fill_transformer(path)
+
+    def make_inputs(self):
+        return _dit_inputs()
+
+    def run(self, model, inputs):
+        assert model.config.in_channels == 384 and model.config.num_heads == 2
+        return _our_dit(model, inputs)
+
+    def run_reference(self, reference, inputs):
+        return _diffusers_dit(reference, inputs)
+
+    def state_dict(self, reference):
+        return bfl_fill_state_dict(reference)
 
 
 def test_dit_reads_every_input(refs, ours):
