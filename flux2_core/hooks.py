@@ -5,16 +5,40 @@ decoder layers. Streaming (``devices.streaming``) and the block split (``devices
 register their own hooks instead, because theirs stay for as long as the model is streamed or split (across
 calls, not for one) and streaming also needs a hook after each block (to drop the copy it moved in);
 ``copies_released`` guards one run against leaving a streamed block's copy behind.
+
+A strategy that moves a model's block weights while it runs (streaming) registers itself here on the model
+(``set_weight_mover``), so the model and the samplers can ask for it (``weight_mover``) without importing
+the strategy: the model knows of no particular way of placing it.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from torch import nn
 
-from .devices.streaming import streamer_of
+_MOVER = "_flux2_weight_mover"
+
+
+class WeightMover(Protocol):
+    def release(self) -> None:
+        """Free every copy of a block's weights it moved to the device and has not dropped yet."""
+
+
+def set_weight_mover(module: nn.Module, mover: WeightMover | None) -> None:
+    """Register (or, with None, remove) the strategy moving ``module``'s block weights while it runs."""
+    if mover is None:
+        if hasattr(module, _MOVER):
+            delattr(module, _MOVER)
+    else:
+        setattr(module, _MOVER, mover)
+
+
+def weight_mover(module: nn.Module) -> WeightMover | None:
+    """The strategy moving ``module``'s block weights while it runs (a block streamer), or None."""
+    return getattr(module, _MOVER, None)
 
 
 @contextlib.contextmanager
@@ -44,6 +68,6 @@ def copies_released(transformer: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        streamer = streamer_of(transformer)
-        if streamer is not None:
-            streamer.release()
+        mover = weight_mover(transformer)
+        if mover is not None:
+            mover.release()

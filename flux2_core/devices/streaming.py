@@ -23,12 +23,12 @@ import torch
 from torch import nn
 
 from ..errors import STREAM_AND_COMPILE, Flux2Error
+from ..hooks import set_weight_mover, weight_mover
 from ..ops import Linear, linears
 from .host_memory import HostArena, registrar
 
 log = logging.getLogger(__name__)
 
-_ATTR = "_flux2_block_streamer"
 _ALIGN = 64  # bytes: every tensor of a block's buffer starts at a multiple of this
 
 
@@ -332,7 +332,7 @@ def enable_streaming(
     streamer.resident_blocks, streamer.streamed_blocks = tuple(resident), tuple(streamed)
     streamer.resident_bytes = total - streamer.streamed_bytes
     streamer._hook(blocks, getattr(transformer, "img_in", None), getattr(transformer, "final_layer", None))
-    setattr(transformer, _ATTR, streamer)
+    set_weight_mover(transformer, streamer)
     if move:
         streamer.home = _module_device(transformer)
         transformer.to(device)
@@ -343,18 +343,18 @@ def enable_streaming(
 def disable_streaming(transformer: nn.Module) -> None:
     """Put every streamed tensor back into its layer, on the device it came from, with its original source;
     a module that ``enable_streaming`` moved goes back where it was. Does nothing if nothing is streamed."""
-    streamer = getattr(transformer, _ATTR, None)
+    streamer = streamer_of(transformer)
     if streamer is None:
         return
     streamer._restore()
-    delattr(transformer, _ATTR)
+    set_weight_mover(transformer, None)
     if streamer.home is not None:
         transformer.to(streamer.home)
 
 
 def streamer_of(transformer: nn.Module) -> BlockStreamer | None:
-    """The streamer ``enable_streaming`` attached to ``transformer``, or None."""
-    return getattr(transformer, _ATTR, None)
+    """The streamer ``enable_streaming`` registered on ``transformer`` (through the hooks seam), or None."""
+    return mover if isinstance(mover := weight_mover(transformer), BlockStreamer) else None
 
 
 def _layout(module: nn.Module) -> tuple[list, int]:

@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ..configs import Flux2Config, Variant
-from ..devices.streaming import streamer_of
 from ..errors import STREAM_AND_COMPILE, Flux2Error
+from ..hooks import weight_mover
 from ..ops import Linear
 from .kv_cache import RefKVCache
 from .layers import (
@@ -197,7 +197,7 @@ def compile_blocks(net: Flux2Transformer) -> None:
     """Compile every block with ``torch.compile`` (in place): the first step of each new size pays the
     compilation, later steps run the fused kernels. Needs a working compiler toolchain (Triton on a GPU, a C++
     compiler on the CPU)."""
-    if streamer_of(net) is not None:
+    if weight_mover(net) is not None:  # streamed blocks: their weights change place between calls
         raise Flux2Error(STREAM_AND_COMPILE)
     for block in net.blocks():
         block.compile()

@@ -3,8 +3,6 @@ and the note each workflow carries. Columns run from left to right, in the direc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .graph import Graph, Node
 from .layout import (
     AUTO_TILES,
@@ -20,31 +18,9 @@ from .layout import (
     prompt,
 )
 from .notes import note
+from .recipe import Recipe
 
 VAE_FILE = "flux2-vae.safetensors"
-
-
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    title: str
-    summary: str
-    dit: str
-    text_encoder: str
-    variant: str
-    steps: int
-    guidance: float
-    prompt: str
-    negative: str | None = None  # None: no negative prompt (distilled / KV)
-    references: int = 0
-    width: int = 1024
-    height: int = 1024
-    settings: str = ""
-    mode: str = "generate"  # generate / img2img / inpaint / outpaint
-    denoise: float = 1.0
-    lora: str | None = None  # a LoRA file in models/loras, applied by a LoRA Loader
-    family: str = "klein"  # "klein" or "dev": which files and pairing the note describes
-    native: str = ""  # "sampler" / "easycache": sampled by native nodes through the bridges, not our sampler
 
 
 def build(r: Recipe) -> Graph:

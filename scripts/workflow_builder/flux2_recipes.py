@@ -4,7 +4,7 @@ multi-reference editing."""
 
 from __future__ import annotations
 
-from .flux2 import Recipe
+from .recipe import Recipe
 
 FOX = (
     "A red fox curled up in fresh snow at sunrise, soft golden backlight, frost on its fur, "

@@ -3,13 +3,9 @@ links), the recommended settings and how to queue it headless."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .layout import MASK_NOTE
+from .recipe import Recipe
 from .schemas import FILES
-
-if TYPE_CHECKING:  # the recipes' module imports this one
-    from .flux2 import Recipe
 
 LORA_NOTE = """
 
