@@ -27,7 +27,8 @@ from ..dit.transformer import Flux2Model
 from ..errors import Flux2Error
 from ..weights.checkpoint import LazyTensors, open_checkpoint, tensor_dtype, tensor_shape
 from ..weights.keymaps import Placement
-from ..weights.loading import Plan, Quantized, Shapes, load_checkpoint, plan_checkpoint, read_config
+from ..weights.loading import load_checkpoint
+from ..weights.plan import LoadPlan, plan_checkpoint, read_config
 from ..weights.quant import FP8, QuantLayer
 from .parallel import (
     MODES,
@@ -80,28 +81,20 @@ def load_transformer_parallel(
 def planned_weight_bytes(path: str | Path, mode: str, world: int, dtype: torch.dtype, rank: int = 0) -> int:
     """Bytes of weights one process will hold, from the file headers alone (nothing is read)."""
     checkpoint = open_checkpoint(path, DIT_SPEC.component)
-    pieces, shapes, quantized = plan_checkpoint(DIT_SPEC, checkpoint)
-    config = read_config(DIT_SPEC, shapes, checkpoint)
+    load_plan = plan_checkpoint(DIT_SPEC, checkpoint)
+    config = read_config(DIT_SPEC, load_plan.shapes, checkpoint)
     with torch.device("meta"):
         module = DIT_SPEC.build(config)
     check_world(config, world, mode)
     if mode == "tensor":
-        pieces, shapes, quantized, _ = TensorShard(rank, world)(
-            module, pieces, shapes, quantized, checkpoint.tensors, checkpoint.name
-        )
-    total = 0
-    for key, shape in shapes.items():
-        if key in pieces:
-            q = quantized.get(key.removesuffix(".weight")) if key.endswith(".weight") else None
-            kept = q is not None and q.dequantizes_per_call
-            total += q.stored_bytes() if kept else math.prod(shape) * dtype.itemsize
-    return total
+        load_plan = TensorShard(rank, world)(module, load_plan)
+    return load_plan.only(DIT_SPEC.wanted).choose_stays_quantized(module, DIT_SPEC, True).held_bytes(dtype)
 
 
 def _check_sequence(world: int):
-    def check(module, pieces, shapes, quantized, tensors, what):
+    def check(module, load_plan: LoadPlan) -> LoadPlan:
         check_world(module.config, world, "sequence")
-        return pieces, shapes, quantized, tensors
+        return load_plan
 
     return check
 
@@ -112,8 +105,9 @@ class TensorShard:
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
 
-    def __call__(self, module, pieces: Plan, shapes: Shapes, quantized: Quantized, tensors: Mapping, what):
+    def __call__(self, module, load_plan: LoadPlan) -> LoadPlan:
         check_world(module.config, self.world, "tensor")
+        tensors, what = load_plan.tensors, load_plan.what
         if not hasattr(type(tensors), "read_slice"):
             raise Flux2Error(
                 f"{what}: tensor parallelism reads each process's slices from safetensors files; this file "
@@ -121,7 +115,7 @@ class TensorShard:
             )
         plan = tensor_plan(module.config)
         shard_module(module, plan, self.world)
-        pieces, shapes, quantized = dict(pieces), dict(shapes), dict(quantized)
+        pieces, shapes, quantized = dict(load_plan.pieces), dict(load_plan.shapes), dict(load_plan.quantized)
         slices: Slices = {}
         for name, split in plan.items():
             key = name + ".weight"
@@ -132,7 +126,8 @@ class TensorShard:
                 quantized[name] = _shard_quantized(quantized[name], split, ranges, local, slices, what, name)
             pieces[key] = _shard_pieces(pieces[key], split.dim, ranges, tensors, slices)
             shapes[key] = tuple(local)
-        return pieces, shapes, quantized, SlicedTensors(tensors, slices)
+        sliced = SlicedTensors(tensors, slices)
+        return replace(load_plan, pieces=pieces, shapes=shapes, quantized=quantized, tensors=sliced)
 
 
 def _shard_pieces(parts, dim: int, ranges, tensors, slices: Slices) -> list[tuple[str, Placement]]:

@@ -18,7 +18,8 @@ from ..configs import VARIANTS, Flux2Config, Variant, check_variant, describe, g
 from ..errors import Flux2Error
 from ..weights.checkpoint import Checkpoint, tensor_shape
 from ..weights.keymaps import DIT, DIT_PREFIXES
-from ..weights.loading import ComponentSpec, block_count, load_component
+from ..weights.loading import load_component
+from ..weights.plan import ComponentSpec, block_count
 from .transformer import Flux2Model, Flux2Transformer
 
 log = logging.getLogger(__name__)

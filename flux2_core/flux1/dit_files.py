@@ -17,7 +17,8 @@ import torch
 from ..errors import Flux2Error
 from ..weights.checkpoint import Checkpoint
 from ..weights.keymaps import DIT_PREFIXES, KeyMap, Part
-from ..weights.loading import ComponentSpec, block_count, load_component
+from ..weights.loading import load_component
+from ..weights.plan import ComponentSpec, block_count
 from .config import FILL_CHANNELS, Flux1Config, describe
 from .transformer import Flux1FillModel, Flux1Transformer
 

@@ -24,7 +24,8 @@ from ..errors import Flux2Error
 from ..ops import adopt_linears
 from ..weights.checkpoint import Checkpoint, open_checkpoint
 from ..weights.keymaps import KeyMap
-from ..weights.loading import ComponentSpec, block_count, load_checkpoint, plan_checkpoint
+from ..weights.loading import load_checkpoint
+from ..weights.plan import ComponentSpec, block_count, plan_checkpoint
 
 log = logging.getLogger(__name__)
 

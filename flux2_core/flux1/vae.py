@@ -18,7 +18,8 @@ from ..vae.autoencoder import AutoEncoder, VAEConfig, blocks_config, vae_rename
 from ..vae.latent_format import RawMean
 from ..weights.checkpoint import Checkpoint
 from ..weights.keymaps import VAE, VAE_PREFIXES
-from ..weights.loading import ComponentSpec, load_component
+from ..weights.loading import load_component
+from ..weights.plan import ComponentSpec
 from .config import NOISE_CHANNELS
 
 FLUX1_VAE = VAEConfig(z_channels=NOISE_CHANNELS, patch=1, quant_conv=False)

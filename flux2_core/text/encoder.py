@@ -19,7 +19,8 @@ from ..errors import Flux2Error
 from ..hooks import before_each, calling
 from ..lora import TE, patched
 from ..weights.checkpoint import Checkpoint, open_checkpoint
-from ..weights.loading import ComponentSpec, load_checkpoint
+from ..weights.loading import load_checkpoint
+from ..weights.plan import ComponentSpec
 from .mistral import MISTRAL_SPEC, MistralShape, builtin_tekken, describe_mistral, is_mistral, mistral_prompt
 from .qwen3 import KLEIN_QWEN3, QWEN3_SPEC, Qwen3Shape, describe_qwen3, tokenizer_beside
 from .tokenizer import (

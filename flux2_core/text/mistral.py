@@ -31,7 +31,7 @@ from ..configs import FLUX2, preset_name
 from ..errors import Flux2Error
 from ..weights.checkpoint import Checkpoint, tensor_shape
 from ..weights.keymaps import MISTRAL, MISTRAL_PREFIXES, strip_prefix
-from ..weights.loading import ComponentSpec, block_count
+from ..weights.plan import ComponentSpec, block_count
 from .decoder import LAYER_KEY, attention_sizes, build_decoder, layers_wanted, rope_theta
 from .tekken import (
     MISTRAL_TEMPLATE,

@@ -18,7 +18,7 @@ from ..configs import FLUX2, preset_name
 from ..errors import Flux2Error
 from ..weights.checkpoint import Checkpoint
 from ..weights.keymaps import QWEN3, QWEN3_ALL_IN_ONE_PREFIXES, QWEN3_PREFIXES
-from ..weights.loading import ComponentSpec, block_count, plan_checkpoint, read_config
+from ..weights.plan import ComponentSpec, block_count, plan_checkpoint, read_config
 from .decoder import LAYER_KEY, attention_sizes, build_decoder, layers_wanted, rope_theta
 from .tokenizer import (
     NUM_BPE_TOKENS,
@@ -91,7 +91,7 @@ def describe_qwen3(shape: Qwen3Shape) -> str:
 def read_qwen3_shape(state_dict: dict[str, torch.Tensor], what: str = "the text encoder") -> Qwen3Shape:
     """The Qwen3 shape of in-memory tensors (any accepted naming; meta tensors too), reading no data."""
     checkpoint = Checkpoint(Path(what), state_dict)
-    return read_config(QWEN3_SPEC, plan_checkpoint(QWEN3_SPEC, checkpoint)[1], checkpoint)
+    return read_config(QWEN3_SPEC, plan_checkpoint(QWEN3_SPEC, checkpoint).shapes, checkpoint)
 
 
 def build_qwen3(shape: Qwen3Shape, num_layers: int = NUM_LAYERS_RUN) -> torch.nn.Module:

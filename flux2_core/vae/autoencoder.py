@@ -18,7 +18,8 @@ from ..configs import preset_name
 from ..errors import Flux2Error
 from ..weights.checkpoint import Checkpoint
 from ..weights.keymaps import BARE_DECODER, VAE, VAE_PREFIXES
-from ..weights.loading import ComponentSpec, block_count, load_checkpoint, load_component, plan_checkpoint
+from ..weights.loading import load_checkpoint, load_component
+from ..weights.plan import ComponentSpec, block_count, plan_checkpoint
 from . import tiling as vae_tiling
 from .blocks import Decoder, Encoder, VAEConfig
 from .latent_format import BN_EPS, PatchedBatchNorm, denormalize, normalize, patchify, unpatchify
@@ -172,7 +173,7 @@ def vae_from_state_dict(state_dict: dict[str, Tensor], name: str = "the VAE file
 
 def vae_shapes(state_dict: dict[str, Tensor], name: str = "the VAE file") -> dict[str, tuple[int, ...]]:
     """BFL key -> shape of what a VAE file (any layout, meta tensors too) holds, after the key map."""
-    return plan_checkpoint(VAE_SPEC, Checkpoint(Path(name), state_dict))[1]
+    return plan_checkpoint(VAE_SPEC, Checkpoint(Path(name), state_dict)).shapes
 
 
 def vae_config(shapes: dict[str, tuple[int, ...]], name: str = "the VAE file") -> VAEConfig:
