@@ -1,16 +1,17 @@
 """Block streaming: run a DiT whose weights do not fit on the GPU, keeping most of them in CPU memory.
 
 ``enable_streaming(transformer, device, resident_bytes)`` keeps the model's small parts (embedders,
-modulation, final layer, norms) and as many whole blocks as fit in ``resident_bytes`` on the device; the
-linear weights of every other block live in CPU memory (one page-locked arena per model: ``host_memory``)
-and are copied to the device right before their block runs (the next one's copy under way on a side CUDA
-stream while the current block computes), then dropped. A 9B DiT (18 GB in bf16) then needs about three
-blocks of weights (2-3 GB) on top of the resident part. Streamed weights are taken out of the module's
-parameters and buffers, so ``module.to(device)`` (which ComfyUI's model patcher calls), ``state_dict()``
-and parameter counts see the resident part only. Each streamed layer computes through its original weight
-source on device copies of its stored tensors, so every storage format and LoRA patch computes exactly what
-it computes resident (bit-identical). ``disable_streaming`` puts every tensor back into the module, on its
-original device. On a CPU device the same path runs with plain copies and no streams.
+modulation, final layer, norms) and as many whole blocks as fit in ``resident_bytes`` on the device (the
+residency plan: ``residency.plan_residency``, pure arithmetic on the blocks' sizes); the linear weights of
+every other block live in CPU memory (one page-locked arena per model: ``host_memory``) and are copied to the
+device right before their block runs (the next one's copy under way on a side CUDA stream while the current
+block computes), then dropped. A 9B DiT (18 GB in bf16) then needs about three blocks of weights (2-3 GB) on
+top of the resident part. Streamed weights are taken out of the module's parameters and buffers, so
+``module.to(device)`` (which ComfyUI's model patcher calls), ``state_dict()`` and parameter counts see the
+resident part only. Each streamed layer computes through its original weight source on device copies of its
+stored tensors, so every storage format and LoRA patch computes exactly what it computes resident
+(bit-identical). ``disable_streaming`` puts every tensor back into the module, on its original device. On a
+CPU device the same path runs with plain copies and no streams.
 """
 
 from __future__ import annotations
@@ -25,27 +26,15 @@ from torch import nn
 from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..hooks import set_weight_mover, weight_mover
 from ..ops import Linear, linears
+from .block_buffer import Slot, layout, slot_views
 from .host_memory import HostArena, registrar
+from .residency import ResidencyPlan, plan_residency
 
 log = logging.getLogger(__name__)
-
-_ALIGN = 64  # bytes: every tensor of a block's buffer starts at a multiple of this
 
 
 # Streamed blocks on the device at once: the one computing, the next arriving, the last one being freed.
 BLOCKS_IN_FLIGHT = 3
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """Where one stored tensor of a layer sits in its block's flat byte buffer."""
-
-    role: str  # "weight" or a buffer name (weight_scale, weight_scale_2)
-    offset: int
-    nbytes: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    home: torch.device  # where the module kept it
 
 
 class _OnDevice:
@@ -65,7 +54,7 @@ class StreamedWeight:
     """The weight source of a streamed linear layer: its original source, fed with device copies of the
     tensors this source keeps in CPU memory for it."""
 
-    def __init__(self, inner, block: _Block, slots: list[_Slot], param: nn.Parameter):
+    def __init__(self, inner, block: _Block, slots: list[Slot], param: nn.Parameter):
         self.inner = inner
         self.block = block
         self.slots = slots
@@ -102,7 +91,7 @@ class _Block:
 
 
 class BlockStreamer:
-    """Which blocks of a transformer stay on the device and which are streamed, and the streaming itself.
+    """The streaming of a transformer's blocks, as its residency plan says.
 
     ``resident_blocks`` / ``streamed_blocks``: block indices in run order (``transformer.blocks()``);
     ``streamed_bytes``: the weights kept in CPU memory; ``resident_bytes``: what stays in the module (and on
@@ -110,13 +99,12 @@ class BlockStreamer:
     ``device_bytes``: streamed weights on the device right now (0 between forwards).
     """
 
-    def __init__(self, transformer: nn.Module, device: torch.device):
+    def __init__(self, transformer: nn.Module, device: torch.device, plan: ResidencyPlan):
         self.transformer = transformer
         self.device = device
-        self.resident_blocks: tuple[int, ...] = ()
-        self.streamed_blocks: tuple[int, ...] = ()
-        self.streamed_bytes = 0
-        self.resident_bytes = 0
+        self.plan = plan
+        self.resident_blocks, self.streamed_blocks = plan.resident, plan.streamed
+        self.resident_bytes, self.streamed_bytes = plan.resident_bytes, plan.streamed_bytes
         self.home: torch.device | None = None  # where the module was, when enabling moved it
         self._blocks: dict[int, _Block] = {}  # position -> streamed block
         self._next: dict[int, _Block] = {}  # position (-1: before the first block) -> next streamed block
@@ -156,9 +144,11 @@ class BlockStreamer:
         block = weight.block
         if block is self._active:
             self._enter(block, device)  # a no-op when the block's copy is already waited for
-            return _views(block.copy, weight.slots, 0)
+            return slot_views(block.copy, weight.slots, 0)
         lo, hi = weight.span  # a layer called outside its block: a copy for this call only
-        return _views(block.host[lo:hi].to(device, copy=True, non_blocking=block.pinned), weight.slots, lo)
+        return slot_views(
+            block.host[lo:hi].to(device, copy=True, non_blocking=block.pinned), weight.slots, lo
+        )
 
     def _start(self, block: _Block, device: torch.device) -> None:
         """Begin copying ``block`` to ``device`` (on the side stream for CUDA) unless it is there already."""
@@ -238,11 +228,31 @@ class BlockStreamer:
 
     # --- taking weights out and putting them back ---------------------------------------------------------
 
+    def take(self, lock=None) -> None:
+        """Move the streamed blocks' stored tensors out of the module into one CPU arena (page-locked through
+        ``lock``, a ``host_memory`` registrar, when given), chain their prefetch and hook every block."""
+        blocks = list(self.transformer.blocks())
+        layouts = {p: layout(_streamable(blocks[p])) for p in self.streamed_blocks}
+        self.arena = HostArena([size for _, size in layouts.values()], lock)
+        for k, position in enumerate(self.streamed_blocks):  # each block's tensors go once its copy is in
+            self._stream(position, layouts.pop(position)[0], self.arena.block(k))
+        self.arena.pin()
+        for k, block in enumerate(self._blocks.values()):
+            block.pinned = self.arena.pinned(k)
+        self._next = {
+            position: self._blocks[upcoming] for position, upcoming in self.plan.next_streamed.items()
+        }
+        first, last = (
+            getattr(self.transformer, "img_in", None),
+            getattr(self.transformer, "final_layer", None),
+        )
+        self._hook(blocks, first, last)
+
     def _stream(self, position: int, plans: list, host: torch.Tensor) -> None:
-        """Move the stored tensors ``plans`` lays out (``_layout``) into ``host`` and out of the module."""
+        """Move the stored tensors ``plans`` lays out (``layout``) into ``host`` and out of the module."""
         block = _Block(self, position, host, pinned=False)
         for layer, stored, slots in plans:
-            views = _views(host, slots, 0)
+            views = slot_views(host, slots, 0)
             for role, tensor in stored.items():
                 views[role].copy_(tensor)
             param = layer._parameters["weight"]
@@ -254,7 +264,6 @@ class BlockStreamer:
             layer.source = weight
             block.layers.append((layer, weight))
         self._blocks[position] = block
-        self.streamed_bytes += sum(s.nbytes for _, w in block.layers for s in w.slots)
 
     def _restore(self) -> None:
         for handle in self._handles:
@@ -265,7 +274,7 @@ class BlockStreamer:
             side.synchronize()
         for block in self._blocks.values():
             for layer, weight in block.layers:
-                views = _views(block.host, weight.slots, 0)
+                views = slot_views(block.host, weight.slots, 0)
                 for slot in weight.slots:  # weights from the CPU stay in the arena: nothing is copied
                     tensor = views[slot.role]
                     if slot.home.type != "cpu":
@@ -305,33 +314,13 @@ def enable_streaming(
     device = _normal(device)
     if pin is None:
         pin = device.type == "cuda"
-    lock = registrar() if pin else None
-    streamer = BlockStreamer(transformer, device)
-    blocks = list(transformer.blocks())
-    heavy = [sum(t.nbytes for _, layer in linears(b) for t in _stored(layer).values()) for b in blocks]
+    heavy = [
+        sum(t.nbytes for _, layer in linears(b) for t in _stored(layer).values())
+        for b in transformer.blocks()
+    ]
     total = sum(t.nbytes for t in transformer.parameters()) + sum(t.nbytes for t in transformer.buffers())
-    left = resident_bytes - (total - sum(heavy))
-    resident, streamed = [], []
-    for position, nbytes in enumerate(heavy):
-        if nbytes <= left:
-            resident.append(position)
-            left -= nbytes
-        else:
-            streamed.append(position)
-    layouts = {p: _layout(blocks[p]) for p in streamed}
-    streamer.arena = HostArena([size for _, size in layouts.values()], lock)
-    for k, position in enumerate(streamed):  # each block's original tensors go once its copy is in
-        streamer._stream(position, layouts.pop(position)[0], streamer.arena.block(k))
-    streamer.arena.pin()
-    for k, block in enumerate(streamer._blocks.values()):
-        block.pinned = streamer.arena.pinned(k)
-    for position in range(-1, len(blocks)):
-        upcoming = next((p for p in streamed if p > position), None)
-        if upcoming is not None:
-            streamer._next[position] = streamer._blocks[upcoming]
-    streamer.resident_blocks, streamer.streamed_blocks = tuple(resident), tuple(streamed)
-    streamer.resident_bytes = total - streamer.streamed_bytes
-    streamer._hook(blocks, getattr(transformer, "img_in", None), getattr(transformer, "final_layer", None))
+    streamer = BlockStreamer(transformer, device, plan_residency(heavy, total, resident_bytes))
+    streamer.take(registrar() if pin else None)
     set_weight_mover(transformer, streamer)
     if move:
         streamer.home = _module_device(transformer)
@@ -357,16 +346,9 @@ def streamer_of(transformer: nn.Module) -> BlockStreamer | None:
     return mover if isinstance(mover := weight_mover(transformer), BlockStreamer) else None
 
 
-def _layout(module: nn.Module) -> tuple[list, int]:
-    """(layer, its stored tensors, their slots) for each streamed layer of a block, and its buffer's size."""
-    offset, plans = 0, []
-    for layer in (layer for _, layer in linears(module) if _stored(layer)):
-        stored, slots = _stored(layer), []
-        for role, tensor in stored.items():
-            slots.append(_Slot(role, offset, tensor.nbytes, tensor.dtype, tuple(tensor.shape), tensor.device))
-            offset += -(-tensor.nbytes // _ALIGN) * _ALIGN
-        plans.append((layer, stored, slots))
-    return plans, offset
+def _streamable(block: nn.Module) -> list[tuple[Linear, dict[str, torch.Tensor]]]:
+    """Each linear layer of ``block`` that streaming moves, with its stored tensors."""
+    return [(layer, stored) for _, layer in linears(block) if (stored := _stored(layer))]
 
 
 def _stored(layer: Linear) -> dict[str, torch.Tensor]:
@@ -375,14 +357,6 @@ def _stored(layer: Linear) -> dict[str, torch.Tensor]:
     if weight is None or isinstance(layer.source, StreamedWeight):
         return {}
     return {"weight": weight.data} | {k: v for k, v in layer._buffers.items() if v is not None}
-
-
-def _views(buffer: torch.Tensor, slots: list[_Slot], base: int) -> dict[str, torch.Tensor]:
-    """The tensors ``slots`` describe inside ``buffer`` (which starts at byte ``base`` of the block)."""
-    return {
-        s.role: buffer[s.offset - base : s.offset - base + s.nbytes].view(s.dtype).view(s.shape)
-        for s in slots
-    }
 
 
 def _module_device(module: nn.Module) -> torch.device:
