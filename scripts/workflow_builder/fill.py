@@ -14,12 +14,15 @@ from .layout import (
     SEED,
     X_LOAD,
     X_SAMPLE,
+    Y_IMAGES,
     finish,
+    load_image,
     loaders,
     outpaint_pad,
     prompt,
 )
 from .notes import file_rows
+from .recipe import Mode
 
 FILL_FILES = ("flux1-fill-dev.safetensors", "t5xxl_fp16.safetensors", "clip_l.safetensors", "ae.safetensors")
 FILL_STEPS, FILL_GUIDANCE = 50, 30.0
@@ -31,7 +34,7 @@ class FillRecipe:
     title: str
     summary: str
     prompt: str
-    mode: str  # inpaint / outpaint
+    mode: Mode  # INPAINT or OUTPAINT
     settings: str = ""
 
 
@@ -53,7 +56,7 @@ FILL_RECIPES = (
             "to paint the area to repaint."
         ),
         prompt="A small wooden table with a vase of red tulips.",
-        mode="inpaint",
+        mode=Mode.INPAINT,
         settings=(
             f"{FILL_SETTINGS}\n\nThe sampler grows the mask by `grow_mask` pixels. With `crop_to_mask` on, "
             "only the mask's box plus `context` pixels is sampled, enlarged up to 4x: best for a small mask "
@@ -69,7 +72,7 @@ FILL_RECIPES = (
             "fading over `feather` pixels into the original edge; the original pixels come back unchanged."
         ),
         prompt="The same scene continued to the right, seamless, same light and style.",
-        mode="outpaint",
+        mode=Mode.OUTPAINT,
         settings=(
             f"{FILL_SETTINGS}\n\nThe output is the padded canvas at its full size (scaled to at most 1 "
             "megapixel for sampling, then back)."
@@ -98,7 +101,7 @@ gated on the Hub (FLUX.1 [dev] non-commercial licence): accept its terms there f
 
 ## Settings
 
-{r.settings}{MASK_NOTE if r.mode == "inpaint" else ""}
+{r.settings}{MASK_NOTE if r.mode is Mode.INPAINT else ""}
 
 ## Headless
 
@@ -125,13 +128,13 @@ def build_fill(r: FillRecipe) -> Graph:
     positive = prompt(g, "Flux1FillTextEncode", r.prompt, te)
     g.group("Prompt", positive)
 
-    y = 520
-    image = g.add("LoadImage", (X_LOAD, y), (380, 400), {"image": "example.png"}, title=IMAGE_TITLES[r.mode])
+    y = Y_IMAGES
+    image = load_image(g, y, IMAGE_TITLES[r.mode])
     inputs, source = [image], image  # Load Image's MASK: its transparent pixels
-    if r.mode == "outpaint":
+    if r.mode is Mode.OUTPAINT:
         source = outpaint_pad(g, image, y)
         inputs.append(source)
-    g.group("Image to " + r.mode, *inputs)
+    g.group(f"Image to {r.mode}", *inputs)
 
     sampler = g.add(
         "Flux1FillSampler",
@@ -142,7 +145,7 @@ def build_fill(r: FillRecipe) -> Graph:
             "steps": FILL_STEPS,
             "guidance": FILL_GUIDANCE,
             "denoise": 1.0,
-            "grow_mask": 0 if r.mode == "outpaint" else 4,
+            "grow_mask": 0 if r.mode is Mode.OUTPAINT else 4,
             "crop_to_mask": False,
             "context": 64,
             "batch_size": 1,

@@ -1,30 +1,53 @@
 """The FLUX.2 workflows (klein 4B / 9B / 9B-KV, FLUX.2 [dev]): one recipe each, one graph builder for all,
-and the note each workflow carries. Columns run from left to right, in the direction the data flows."""
+and the note each workflow carries. Columns run from left to right, in the direction the data flows: the
+models (and a LoRA), the prompts, the reference images and the image to edit, the sampler, the decode."""
 
 from __future__ import annotations
 
 from .graph import Graph, Node
 from .layout import (
     AUTO_TILES,
+    IMAGE_ROW,
     IMAGE_TITLES,
     LOADER_SIZE,
     SEED,
     X_ENCODE,
     X_LOAD,
     X_SAMPLE,
+    Y_IMAGES,
     finish,
+    load_image,
     loaders,
     outpaint_pad,
     prompt,
 )
 from .notes import note
-from .recipe import Recipe
+from .recipe import Family, Mode, Recipe, Sampling
 
 VAE_FILE = "flux2-vae.safetensors"
 
 
 def build(r: Recipe) -> Graph:
     g = Graph(r.name)
+    model, te, te_slot, vae = _models(g, r)
+    positive, negative = _prompts(g, r, te, te_slot)
+    refs = _references(g, r, vae)
+    if r.sampling is not Sampling.OURS:
+        sampler = _native_sampling(g, r, model, positive, negative)
+        finish(g, "Flux2KleinDecode", vae, sampler, None, "flux2_klein", note(r))
+        return g
+    sampler = _sampler(g, r, model, positive, negative)
+    stitch = _edit_inputs(g, r, vae, refs, sampler)
+    if refs is not None and stitch is None:
+        g.connect(refs, sampler, "references")
+    prefix = "flux2_dev" if r.family is Family.DEV else "flux2_klein"
+    finish(g, "Flux2KleinDecode", vae, sampler, None if stitch is None else (stitch, 2), prefix, note(r))
+    return g
+
+
+def _models(g: Graph, r: Recipe) -> tuple[Node, Node, int, Node]:
+    """The loaders, and a LoRA loader the model and text encoder pass through when the recipe has one:
+    (model, text encoder node, its output slot, VAE)."""
     model_values = {"model_name": r.dit, "variant": r.variant, "weight_dtype": "default", "offload": "none",
                     "resident_mb": 0, "devices": ""}  # fmt: skip
     model, te, vae = loaders(
@@ -34,99 +57,72 @@ def build(r: Recipe) -> Graph:
          {"text_encoder_name": r.text_encoder, "device": "default"}, (r.text_encoder,)),
         ("Flux2KleinVAELoader", (X_LOAD, 340), (380, 82), {"vae_name": VAE_FILE}, (VAE_FILE,)),
     )  # fmt: skip
+    if r.lora is None:
+        return model, te, 0, vae
+    lora = g.add(
+        "Flux2KleinLoraLoader",
+        (X_LOAD, 470),
+        (380, 130),
+        {"lora_name": r.lora, "strength": 1.0, "block_strengths": ""},
+    )
+    g.connect(model, lora, "model")
+    g.connect(te, lora, "text_encoder")
+    report = g.add("PreviewAny", (X_LOAD, 650), (380, 220), title="LoRA report")
+    g.connect(lora, report, "source", src_slot=1)
+    g.group("LoRA", lora, report)
+    return lora, lora, 2, vae
 
-    if r.lora is not None:  # model and text encoder pass through the LoRA loader
-        lora = g.add(
-            "Flux2KleinLoraLoader",
-            (X_LOAD, 470),
-            (380, 130),
-            {"lora_name": r.lora, "strength": 1.0, "block_strengths": ""},
-        )
-        g.connect(model, lora, "model")
-        g.connect(te, lora, "text_encoder")
-        report = g.add("PreviewAny", (X_LOAD, 650), (380, 220), title="LoRA report")
-        g.connect(lora, report, "source", src_slot=1)
-        g.group("LoRA", lora, report)
-        model, te_slot, te = lora, 2, lora
-    else:
-        te_slot = 0
+
+def _prompts(g: Graph, r: Recipe, te: Node, te_slot: int) -> tuple[Node, Node | None]:
     positive = prompt(g, "Flux2KleinTextEncode", r.prompt, te, te_slot)
-    prompt_nodes = [positive]
     negative = None
     if r.negative is not None:
         negative = prompt(g, "Flux2KleinTextEncode", r.negative, te, te_slot, negative=True)
-        prompt_nodes.append(negative)
-    g.group("Prompt", *prompt_nodes)
+    g.group("Prompt", *[n for n in (positive, negative) if n is not None])
+    return positive, negative
 
-    refs = None
-    ref_nodes = []
-    y = 520
+
+def _references(g: Graph, r: Recipe, vae: Node) -> Node | None:
+    """One row per reference image (Load Image, Reference Encode), chained; returns the last encode."""
+    refs, nodes = None, []
     for i in range(r.references):
-        image = g.add(
-            "LoadImage",
-            (X_LOAD, y),
-            (380, 400),
-            {"image": "example.png"},
-            title=f"Reference image {i + 1}",
-        )
+        y = Y_IMAGES + IMAGE_ROW * i
+        image = load_image(g, y, f"Reference image {i + 1}")
+        values = {"max_megapixels": 1.0, "resize": "crop", **AUTO_TILES}
         enc = g.add(
-            "Flux2KleinReferenceEncode",
-            (X_ENCODE, y),
-            (440, 130),
-            {"max_megapixels": 1.0, "resize": "crop", **AUTO_TILES},
-            title=f"Reference {i + 1}",
+            "Flux2KleinReferenceEncode", (X_ENCODE, y), (440, 130), values, title=f"Reference {i + 1}"
         )
         g.connect(vae, enc, "vae")
         g.connect(image, enc, "image")
         if refs is not None:
             g.connect(refs, enc, "references")
         refs = enc
-        ref_nodes += [image, enc]
-        y += 460
-    if ref_nodes:
+        nodes += [image, enc]
+    if nodes:
         g.group(
-            "References (the first one sets the output size)" if r.references > 1 else "Reference", *ref_nodes
+            "References (the first one sets the output size)" if r.references > 1 else "Reference", *nodes
         )
+    return refs
 
-    if r.native:
-        sampler = _native_sampling(g, r, model, positive, negative)
-        finish(g, "Flux2KleinDecode", vae, sampler, None, "flux2_klein", note(r))
-        return g
-    sampler = g.add(
-        "Flux2KleinSampler",
-        (X_SAMPLE, 0),
-        (330, 380),
-        {
-            "seed": SEED,
-            "steps": r.steps,
-            "guidance": r.guidance,
-            "width": r.width,
-            "height": r.height,
-            "batch_size": 1,
-            "denoise": r.denoise,
-            "kv_cache": "reuse",
-            "step_cache": 0.0,
-        },
-    )
+
+def _sampler(g: Graph, r: Recipe, model: Node, positive: Node, negative: Node | None) -> Node:
+    values = {"seed": SEED, "steps": r.steps, "guidance": r.guidance, "width": r.width, "height": r.height,
+              "batch_size": 1, "denoise": r.denoise, "kv_cache": "reuse", "step_cache": 0.0}  # fmt: skip
+    sampler = g.add("Flux2KleinSampler", (X_SAMPLE, 0), (330, 380), values)
     g.connect(model, sampler, "model")
     g.connect(positive, sampler, "positive")
     if negative is not None:
         g.connect(negative, sampler, "negative")
-    stitch = _edit_inputs(g, r, vae, refs, sampler)
-    if refs is not None and stitch is None:
-        g.connect(refs, sampler, "references")
-    prefix = "flux2_dev" if r.family == "dev" else "flux2_klein"
-    finish(g, "Flux2KleinDecode", vae, sampler, None if stitch is None else (stitch, 2), prefix, note(r))
-    return g
+    return sampler
 
 
 def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Node) -> Node | None:
     """The image to start from (img2img) or to inpaint / outpaint; returns the Inpaint Prepare node."""
-    if r.mode == "generate":
+    if r.mode is Mode.GENERATE:
         return None
-    y = 520 + 460 * r.references
-    image = g.add("LoadImage", (X_LOAD, y), (380, 400), {"image": "example.png"}, title=IMAGE_TITLES[r.mode])
-    if r.mode == "img2img":
+    y = Y_IMAGES + IMAGE_ROW * r.references
+    image = load_image(g, y, IMAGE_TITLES[r.mode])
+    if r.mode is Mode.IMG2IMG:
         encode = g.add("Flux2KleinEncode", (X_ENCODE, y), (300, 60))
         g.connect(vae, encode, "vae")
         g.connect(image, encode, "image")
@@ -134,7 +130,7 @@ def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Nod
         g.group("Image to start from", image, encode)
         return None
     nodes, source, mask, mask_slot = [image], image, image, 1  # Load Image's MASK: its transparent pixels
-    if r.mode == "outpaint":
+    if r.mode is Mode.OUTPAINT:
         pad = outpaint_pad(g, image, y)
         nodes.append(pad)
         source, mask = pad, pad
@@ -142,7 +138,7 @@ def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Nod
         "Flux2KleinInpaintPrepare",
         (X_ENCODE, y + 240),
         (300, 180),
-        {"grow_mask": 0 if r.mode == "outpaint" else 4, "crop_to_mask": False, "context": 64},
+        {"grow_mask": 0 if r.mode is Mode.OUTPAINT else 4, "crop_to_mask": False, "context": 64},
     )
     g.connect(vae, prepare, "vae")
     g.connect(source, prepare, "image")
@@ -151,18 +147,18 @@ def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Nod
         g.connect(refs, prepare, "references")
     g.connect(prepare, sampler, "latent")
     g.connect(prepare, sampler, "references", src_slot=1)
-    g.group("Image to " + r.mode, *nodes, prepare)
+    g.group(f"Image to {r.mode}", *nodes, prepare)
     return prepare
 
 
 def _native_sampling(g: Graph, r: Recipe, model: Node, positive: Node, negative: Node | None) -> Node:
     """Our model and prompts through the bridges into native sampling: a guider (CFG with a negative prompt,
     else basic), KSamplerSelect, Flux2Scheduler, RandomNoise, an empty FLUX.2 latent, SamplerCustomAdvanced;
-    EasyCache on the model for ``native == "easycache"``. Returns the sampler (its output: the latent)."""
+    EasyCache on the model for ``Sampling.NATIVE_EASYCACHE``. Returns the sampler (its output: the latent)."""
     to_model = g.add("Flux2KleinToNativeModel", (X_ENCODE, 520), (300, 60))
     g.connect(model, to_model, "model")
     bridges, native_model = [to_model], to_model
-    if r.native == "easycache":
+    if r.sampling is Sampling.NATIVE_EASYCACHE:
         values = {"reuse_threshold": 0.2, "start_percent": 0.15, "end_percent": 0.95, "verbose": False}
         native_model = g.add("EasyCache", (X_ENCODE, 800), (300, 160), values)
         g.connect(to_model, native_model, "model")

@@ -4,7 +4,7 @@ multi-reference editing."""
 
 from __future__ import annotations
 
-from .recipe import Recipe
+from .recipe import Family, Mode, Recipe, Sampling
 
 FOX = (
     "A red fox curled up in fresh snow at sunrise, soft golden backlight, frost on its fur, "
@@ -143,7 +143,7 @@ RECIPES += (
         prompt="A watercolour painting of the same scene, soft washes of colour, paper texture.",
         width=0,
         height=0,
-        mode="img2img",
+        mode=Mode.IMG2IMG,
         denoise=0.75,
         settings=(
             f"{DISTILLED_SETTINGS}\n\n**denoise** sets how much changes: 1 ignores the image, lower keeps "
@@ -163,7 +163,7 @@ RECIPES += (
         prompt="A small wooden table with a vase of red tulips.",
         width=0,
         height=0,
-        mode="inpaint",
+        mode=Mode.INPAINT,
         settings=(
             f"{DISTILLED_SETTINGS}\n\n*Inpaint Prepare* grows the mask by `grow_mask` pixels and passes the "
             "image to the sampler twice: as the latent to keep outside the mask and as reference 1. With "
@@ -184,7 +184,7 @@ RECIPES += (
         prompt="The same scene continued to the right, seamless, same light and style.",
         width=0,
         height=0,
-        mode="outpaint",
+        mode=Mode.OUTPAINT,
         settings=f"{DISTILLED_SETTINGS}\n\nThe output is the padded canvas at its full size.",
     ),
 )
@@ -212,7 +212,7 @@ RECIPES += (
         **DEV,
         prompt=FOX,
         settings=DEV_SETTINGS,
-        family="dev",
+        family=Family.DEV,
     ),
     Recipe(
         name="flux2_dev_multi_reference_edit",
@@ -233,7 +233,7 @@ RECIPES += (
         width=0,
         height=0,
         settings=f"{DEV_SETTINGS}\n\n{EDIT_SIZE} Every extra reference makes each step slower.",
-        family="dev",
+        family=Family.DEV,
     ),
     Recipe(
         name="flux2_klein_4b_native_sampler",
@@ -253,7 +253,7 @@ RECIPES += (
             "`offload: stream`, `devices`) and LoRAs from the FLUX.2 [klein] LoRA Loader carry over; native "
             "LoRA loaders (LoraLoaderModelOnly) are refused: chain our LoRA loader before the bridge."
         ),
-        native="sampler",
+        sampling=Sampling.NATIVE,
     ),
     Recipe(
         name="flux2_klein_4b_native_easycache",
@@ -273,6 +273,6 @@ RECIPES += (
             "more; 0.2 is native's default. The FLUX.2 Sampler's own `step_cache` (a First-Block Cache) is "
             "the alternative inside this pack's sampler."
         ),
-        native="easycache",
+        sampling=Sampling.NATIVE_EASYCACHE,
     ),
 )

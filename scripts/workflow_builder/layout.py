@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .graph import Graph, Node
 from .models import models_property
+from .recipe import Mode
 
 SEED = 42  # the API workflows' fixed seed and the editor workflows' first one (then "randomize")
 AUTO_TILES = {"tile_size": 0, "tile_overlap": 64}  # the VAE tiles only what does not fit
@@ -18,10 +19,13 @@ MASK_NOTE = (
     "whose pixels to repaint have alpha 0."
 )
 IMAGE_TITLES = {
-    "img2img": "Image to start from",
-    "inpaint": "Image to inpaint (paint the mask in the editor)",
-    "outpaint": "Image to extend",
+    Mode.IMG2IMG: "Image to start from",
+    Mode.INPAINT: "Image to inpaint (paint the mask in the editor)",
+    Mode.OUTPAINT: "Image to extend",
 }
+# The rows of the load column below the models: one per reference image, then the image to edit.
+Y_IMAGES, IMAGE_ROW = 520, 460
+IMAGE_SIZE = (380, 400)
 
 
 def loaders(g: Graph, *nodes: tuple[str, tuple, tuple, dict, tuple[str, ...]]) -> list[Node]:
@@ -33,6 +37,11 @@ def loaders(g: Graph, *nodes: tuple[str, tuple, tuple, dict, tuple[str, ...]]) -
     ]
     g.group("Models", *added)
     return added
+
+
+def load_image(g: Graph, y: int, title: str) -> Node:
+    """A Load Image node in the load column at row ``y`` (its MASK output: the image's transparent pixels)."""
+    return g.add("LoadImage", (X_LOAD, y), IMAGE_SIZE, {"image": "example.png"}, title=title)
 
 
 def prompt(g: Graph, type_: str, text: str, encoder: Node, slot: int = 0, negative: bool = False) -> Node:

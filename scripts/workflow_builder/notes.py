@@ -4,7 +4,7 @@ links), the recommended settings and how to queue it headless."""
 from __future__ import annotations
 
 from .layout import MASK_NOTE
-from .recipe import Recipe
+from .recipe import Family, Mode, Recipe
 from .schemas import FILES
 
 LORA_NOTE = """
@@ -56,7 +56,7 @@ One 48 GB card runs the fp8 model."""
 
 
 def files_note(r: Recipe) -> str:
-    if r.family != "dev":
+    if r.family is not Family.DEV:
         return KLEIN_FILES_NOTE
     fp8 = [FILES[name] for name in DEV_FP8]
     dit, te = FILES[r.dit], FILES[r.text_encoder]
@@ -68,7 +68,9 @@ def files_note(r: Recipe) -> str:
 def note(r: Recipe) -> str:
     rows = file_rows([r.dit, r.text_encoder, "flux2-vae.safetensors"])
     api = f"workflows/api/{r.name}.json"
-    names = [f"ref{i + 1}.png" for i in range(r.references)] + (["image.png"] if r.mode != "generate" else [])
+    names = [f"ref{i + 1}.png" for i in range(r.references)] + (
+        ["image.png"] if r.mode is not Mode.GENERATE else []
+    )
     images = " ".join(f"--image {name}" for name in names)
     lora = LORA_NOTE if r.lora else ""
     return f"""# {r.title}
@@ -85,7 +87,7 @@ def note(r: Recipe) -> str:
 
 ## Settings
 
-{r.settings}{MASK_NOTE if r.mode == "inpaint" else ""}
+{r.settings}{MASK_NOTE if r.mode is Mode.INPAINT else ""}
 
 ## Headless
 

@@ -4,6 +4,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+
+class _Named(str, Enum):
+    def __str__(self) -> str:  # "inpaint", not "Mode.INPAINT", in titles and notes
+        return self.value
+
+
+class Mode(_Named):
+    """What the workflow starts from."""
+
+    GENERATE = "generate"  # noise: text to image, or an edit of references
+    IMG2IMG = "img2img"  # an image, partly noised (denoise < 1)
+    INPAINT = "inpaint"  # an image and its mask (the transparent pixels)
+    OUTPAINT = "outpaint"  # an image padded by FLUX.2 Outpaint Pad
+
+
+class Family(_Named):
+    """Which files and pairing the note describes."""
+
+    KLEIN = "klein"
+    DEV = "dev"
+
+
+class Sampling(_Named):
+    """Who samples: this pack's sampler, or native nodes through the bridges."""
+
+    OURS = ""
+    NATIVE = "sampler"  # SamplerCustomAdvanced with a guider
+    NATIVE_EASYCACHE = "easycache"  # the same, with EasyCache on the model
 
 
 @dataclass(frozen=True)
@@ -22,8 +52,8 @@ class Recipe:
     width: int = 1024
     height: int = 1024
     settings: str = ""
-    mode: str = "generate"  # generate / img2img / inpaint / outpaint
+    mode: Mode = Mode.GENERATE
     denoise: float = 1.0
     lora: str | None = None  # a LoRA file in models/loras, applied by a LoRA Loader
-    family: str = "klein"  # "klein" or "dev": which files and pairing the note describes
-    native: str = ""  # "sampler" / "easycache": sampled by native nodes through the bridges, not our sampler
+    family: Family = Family.KLEIN
+    sampling: Sampling = Sampling.OURS
