@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import DEV_DIT, DEV_TEXT_ENCODER, E4, FILL_FILES
+from comfy_server import DEV_DIT, DEV_TEXT_ENCODER, E4, FILL_FILES
 from test_server import _flux2_error_message
 
 DEV_WIDTH = 3 * 16  # the tiny Mistral is 16 wide: hidden states 10, 20, 30 per token

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from conftest import MASKED
+from comfy_server import MASKED
 from PIL import Image
 from test_server import _flux2_error_message, small_text_to_image
 

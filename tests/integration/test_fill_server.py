@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ATTENTION_BOOST, NOT_A_DIT, masked_png
+from comfy_server import ATTENTION_BOOST, NOT_A_DIT, masked_png
 from PIL import Image
 from test_server import _flux2_error_message, small_text_to_image
 

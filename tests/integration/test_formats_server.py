@@ -4,7 +4,7 @@ the bundled LoRA workflow with its report."""
 from __future__ import annotations
 
 import numpy as np
-from conftest import GGUF_DIT, LORA_FILE, QUANTISED_DITS
+from comfy_server import GGUF_DIT, LORA_FILE, QUANTISED_DITS
 from node_contract import choices
 
 

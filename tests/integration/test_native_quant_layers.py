@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO
+from comfy_server import REPO
 
 CHILD = r"""
 import json, sys
