@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from PIL import Image
 from .configs import FLUX2
 from .dit.rope import reference_ids
 from .errors import Flux2Error
+from .reference_strength import PLAIN, ReferenceStrength, check_strengths
 
 MAX_REFERENCE_PIXELS = 1024 * 1024
 MIN_SIDE = 64
@@ -33,11 +34,32 @@ MULTIPLE = FLUX2.size_multiple
 
 @dataclass
 class ReferenceLatents:
-    """Encoded references: tokens [1, R, 128] (float32), ids [R, 4], and each reference's latent grid."""
+    """Encoded references: tokens [1, R, 128] (float32), ids [R, 4], each reference's latent grid, and how
+    much each counts (``reference_strength``; every one plain unless set)."""
 
     tokens: torch.Tensor
     ids: torch.Tensor
     grid_sizes: list[tuple[int, int]]
+    strengths: tuple[ReferenceStrength, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.strengths:
+            self.strengths = (PLAIN,) * len(self.grid_sizes)
+        check_strengths(self.strengths, len(self.grid_sizes))
+
+    @property
+    def token_counts(self) -> list[int]:
+        """Tokens of each reference, in order."""
+        return [h * w for h, w in self.grid_sizes]
+
+    @property
+    def plain(self) -> bool:
+        """Every reference at strength 1 over every step (the edit as the model was trained for it)."""
+        return all(s.plain for s in self.strengths)
+
+    def with_strength(self, strength: ReferenceStrength) -> ReferenceLatents:
+        """The same references, every one of them at ``strength``."""
+        return replace(self, strengths=(strength,) * len(self))
 
     @property
     def num_tokens(self) -> int:
@@ -52,7 +74,8 @@ class ReferenceLatents:
         return w * MULTIPLE, h * MULTIPLE
 
     def __add__(self, other: ReferenceLatents) -> ReferenceLatents:
-        return ReferenceLatents.from_latents(self.latents() + other.latents())
+        joined = ReferenceLatents.from_latents(self.latents() + other.latents())
+        return replace(joined, strengths=self.strengths + other.strengths)
 
     def latents(self) -> list[torch.Tensor]:
         """The references as [1, 128, h, w] latents, in order."""

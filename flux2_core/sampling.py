@@ -28,6 +28,7 @@ from .flow import StepCallback, euler, make_noise, pack, shifted_sigmas, start_f
 from .hooks import before_each, calling, copies_released
 from .limits import check_request
 from .lora import DIT, patched
+from .reference_strength import key_bias, strengths_at
 from .references import ReferenceLatents
 from .sampling_checks import activation_bytes, batched, check_batch, check_finite, check_strength
 
@@ -226,8 +227,9 @@ def sample(request: SampleRequest) -> torch.Tensor:
         kv_cache = encode_reference_kv(model, references)
     cache = StepCache.of(request.step_cache)
     cache.start(len(request.conds))
-    denoise = KleinDenoiser(request, kv_cache, cache)
-    sigmas = truncate(get_sigmas(settings.steps, grid[0] * grid[1]).tolist(), request.strength)
+    schedule = get_sigmas(settings.steps, grid[0] * grid[1]).tolist()
+    denoise = KleinDenoiser(request, kv_cache, cache, schedule)
+    sigmas = truncate(schedule, request.strength)
     # Latents stay float32 on the model's device for the whole run; the noise is drawn on the CPU.
     device = model.transformer.device
     noise = pack(make_noise(settings.batch_size, settings.height, settings.width, settings.seed)).to(device)
@@ -282,7 +284,7 @@ def latent_velocity(
 def _dit_call(net, x, x_ids, t, ctx, ctx_ids, refs=None, kv_cache=None, **kw) -> torch.Tensor:
     """The DiT's velocity for packed tokens ``x`` [B, N, 128]: against the KV model's cached reference K/V
     (``kv_cache``), with reference tokens appended (``refs``: tokens [1 or B, R, 128] and ids [R, 4]), or
-    on their own; ``kw``: the embedded guidance, the step cache."""
+    on their own; ``kw``: the embedded guidance, the step cache, the reference keys' bias."""
     if kv_cache is not None:
         return net.forward_kv_cached(x, x_ids, t, ctx, ctx_ids, kv_cache, **kw)
     if refs is not None:
@@ -341,7 +343,7 @@ def _check_editing(start, strength, mask, settings: SampleSettings) -> None:
 class KleinDenoiser:
     """The velocity of one step (see the module docstring for the guidance kinds and the KV model)."""
 
-    def __init__(self, request: SampleRequest, kv_cache: RefKVCache | None = None, cache=None):
+    def __init__(self, request: SampleRequest, kv_cache: RefKVCache | None = None, cache=None, schedule=None):
         model, settings, references = request.model, request.settings, request.references
         self.net = model.transformer
         self.cache = cache or StepCache()  # one FirstBlockCache per pass (conditional, unconditional)
@@ -356,6 +358,11 @@ class KleinDenoiser:
         if references is not None and len(references) and kv_cache is None:  # [1, R, C]: the whole batch's
             self.refs = (references.tokens.to(device, dtype), references.ids)
         self.kv_cache = kv_cache
+        # Per-reference strengths (``reference_strength``): the step of each sigma of the full schedule
+        self.strengths = None
+        if references is not None and len(references) and not references.plain:
+            self.strengths, self.token_counts = references.strengths, references.token_counts
+            self.schedule = list(schedule if schedule is not None else get_sigmas(settings.steps, 1))
         self.embedded = None
         if model.variant.embeds_guidance:
             self.embedded = torch.full((settings.batch_size,), settings.guidance, dtype=torch.float32)
@@ -364,14 +371,28 @@ class KleinDenoiser:
         x_in = x.to(self.net.dtype)
         t = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
         g = self.embedded.to(x.device) if self.embedded is not None else None
+        refs, kv_cache, bias = self._references_at(sigma)
         velocities = []
         with torch.inference_mode():
             for i, (ctx, ctx_ids) in enumerate(self.conds):
                 step = self.cache.pass_cache(i)  # None when off: the call is the one without a cache
                 kw = {"guidance": g} if step is None else {"guidance": g, "step_cache": step}
-                v = _dit_call(self.net, x_in, self.x_ids, t, ctx, ctx_ids, self.refs, self.kv_cache, **kw)
+                if bias is not None:
+                    kw["ref_bias"] = bias
+                v = _dit_call(self.net, x_in, self.x_ids, t, ctx, ctx_ids, refs, kv_cache, **kw)
                 velocities.append(v.float())
         if len(velocities) == 2:
             v_cond, v_uncond = velocities
             return v_uncond + self.guidance * (v_cond - v_uncond)
         return velocities[0]
+
+    def _references_at(self, sigma: float):
+        """(reference tokens, KV cache, bias of the reference keys) for the step at ``sigma``: as given with
+        every strength 1 (no bias), none at all with every strength 0, else with the bias."""
+        if self.strengths is None:
+            return self.refs, self.kv_cache, None
+        step = min(range(len(self.schedule)), key=lambda i: abs(self.schedule[i] - sigma))
+        values = strengths_at(self.strengths, step, len(self.schedule) - 1)
+        if all(v == 0.0 for v in values):
+            return None, None, None
+        return self.refs, self.kv_cache, key_bias(values, self.token_counts, self.net.dtype, self.net.device)

@@ -159,12 +159,14 @@ def broadcast_conditioning(conditioning: torch.Tensor | None, src: int = 0, grou
 
 def broadcast_references(references, src: int = 0, group=None):
     """Rank ``src``'s ``ReferenceLatents`` (or None) on every rank, tokens and ids on the CPU."""
-    grids = broadcast_object(None if references is None else list(references.grid_sizes), src, group)
-    if grids is None:
+    shape = None if references is None else (list(references.grid_sizes), references.strengths)
+    shape = broadcast_object(shape, src, group)
+    if shape is None:
         return None
     tokens = broadcast_tensor(None if references is None else references.tokens, src, group)
     ids = broadcast_tensor(None if references is None else references.ids, src, group)
-    return ReferenceLatents(tokens.cpu(), ids.cpu(), [tuple(g) for g in grids])
+    grids, strengths = shape
+    return ReferenceLatents(tokens.cpu(), ids.cpu(), [tuple(g) for g in grids], tuple(strengths))
 
 
 class TensorComm(LocalComm):
@@ -227,6 +229,14 @@ class SequenceComm(LocalComm):
         pad = list(part.shape)
         pad[dim] = size - part.shape[dim]
         return torch.cat([part, part.new_zeros(pad)], dim=dim)
+
+    def arrange_keys(self, values: torch.Tensor) -> torch.Tensor:
+        num_txt, _, tc, ic = self._layout
+        p = self.world
+        txt = _padded(values[:num_txt], tc * p).view(p, tc)
+        img = _padded(values[num_txt:], ic * p).view(p, ic)
+        out = torch.cat([txt, img], dim=1).reshape(-1)  # rank r's [text share; image share], rank by rank
+        return out if self._keep is None else out.index_select(0, self._keep.to(out.device))
 
     def to_heads(self, q, k, v):
         batch, heads, length, dim = q.shape
@@ -382,3 +392,8 @@ def held_bytes(module: nn.Module) -> int:
 def parallel_info(model) -> ParallelInfo | None:
     """The ``ParallelInfo`` of a model loaded by ``load_transformer_parallel`` (None otherwise)."""
     return getattr(getattr(model, "transformer", model), "parallel_info", None)
+
+
+def _padded(values: torch.Tensor, size: int) -> torch.Tensor:
+    """``values`` [n] followed by zeros up to ``size`` (the padded places of a token share)."""
+    return torch.cat([values, values.new_zeros(size - values.shape[0])])

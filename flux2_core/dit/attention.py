@@ -16,6 +16,10 @@ time serves that class for the rest of the process (logged once at debug level).
 float32) ``sdpa`` runs: its kernels are the fastest there, and in float32 on a CPU it computes the same values
 as the matrix products at the same speed (``benchmarks/suite.py``). ``FLUX2_ATTENTION=sdpa`` or ``matmul``
 fixes the choice (``auto``, the default, measures).
+
+An optional additive ``bias`` (broadcast to [B, H, Lq, Lk], in the queries' dtype; ``-inf`` masks a key) is
+added to the scaled logits before the softmax, by both implementations: ``KeyBias`` is the one the DiT
+uses, a value per key (per-reference strength, ``reference_strength``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -34,20 +39,42 @@ CPU_ATTENTION_CHUNK = 1024  # query rows per chunk: bounds the [chunk, L] score 
 CHOICE_ENV = "FLUX2_ATTENTION"
 MEASURED_DTYPES = (torch.bfloat16, torch.float16)
 
-Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Kernel = Callable[..., torch.Tensor]  # (q, k, v, bias=None) -> out
 
 
-def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v)
+@dataclass(frozen=True)
+class KeyBias:
+    """A value added to the attention logits of every query against each key, the same for every query,
+    head and block: ``own`` [Lk] over a call's own keys, in the order attention sees them; or ``cached`` [R]
+    over the cached reference keys the KV model splices in after the text (its own keys then get none)."""
+
+    own: torch.Tensor | None = None
+    cached: torch.Tensor | None = None
+
+    def for_keys(self, num_txt: int, num_keys: int, device: torch.device) -> torch.Tensor:
+        """[1, 1, 1, num_keys] for keys ``[own[:num_txt], cached, own[num_txt:]]`` (``num_keys`` in all)."""
+        if self.cached is None:
+            values = self.own
+        else:
+            zeros = self.cached.new_zeros
+            rest = num_keys - num_txt - self.cached.shape[0]
+            values = torch.cat([zeros(num_txt), self.cached, zeros(rest)])
+        return values.to(device).view(1, 1, 1, -1)
 
 
-def matmul_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def matmul_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) -> torch.Tensor:
     """Two matmuls per chunk of queries; the error stays at the dtype's precision."""
     out = torch.empty_like(q)
     scale, keys = q.shape[-1] ** -0.5, k.transpose(-1, -2)
     for start in range(0, q.shape[2], CPU_ATTENTION_CHUNK):
         rows = slice(start, start + CPU_ATTENTION_CHUNK)
         scores = torch.matmul(q[:, :, rows] * scale, keys)
+        if bias is not None:
+            scores = scores + (bias if bias.shape[-2] == 1 else bias[..., rows, :])
         out[:, :, rows] = torch.matmul(scores.softmax(dim=-1), v)
     return out
 
@@ -56,18 +83,19 @@ KERNELS: dict[str, Kernel] = {"sdpa": sdpa_kernel, "matmul": matmul_kernel}
 _CHOSEN: dict[tuple, str] = {}  # shape class -> kernel name, for the process
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Softmax attention of [B, H, Lq, D] queries over [B, H, Lk, D] keys and values."""
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax attention of [B, H, Lq, D] queries over [B, H, Lk, D] keys and values, ``bias`` added to the
+    logits."""
     if q.device.type != "cpu" or q.dtype not in MEASURED_DTYPES:
-        return sdpa_kernel(q, k, v)
+        return sdpa_kernel(q, k, v, bias)
     fixed = os.environ.get(CHOICE_ENV, "auto")
     if fixed in KERNELS:
-        return KERNELS[fixed](q, k, v)
+        return KERNELS[fixed](q, k, v, bias)
     key = shape_class(q, k)
     name = _CHOSEN.get(key)
     if name is not None:
-        return KERNELS[name](q, k, v)
-    name, out, times = _measure(q, k, v)
+        return KERNELS[name](q, k, v, bias)
+    name, out, times = _measure(q, k, v, bias)
     _CHOSEN[key] = name
     log.debug("attention %s: %s (best of 2: %s)", key, name,
               ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t in times.items()))  # fmt: skip
@@ -91,12 +119,12 @@ def chosen() -> dict[tuple, str]:
     return dict(_CHOSEN)
 
 
-def _measure(q, k, v) -> tuple[str, torch.Tensor, dict[str, float]]:
+def _measure(q, k, v, bias=None) -> tuple[str, torch.Tensor, dict[str, float]]:
     best: dict[str, float] = {}
     outs: dict[str, torch.Tensor] = {}
     for name in ("sdpa", "matmul", "sdpa", "matmul"):
         start = time.perf_counter()
-        outs[name] = KERNELS[name](q, k, v)
+        outs[name] = KERNELS[name](q, k, v, bias)
         best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
     name = min(best, key=best.get)
     return name, outs[name], best

@@ -19,7 +19,7 @@ from einops import rearrange
 from torch import nn
 
 from ..ops import Linear
-from .attention import sdpa
+from .attention import KeyBias, sdpa
 from .kv_cache import RefKVLayer
 from .rope import apply_rope_
 
@@ -49,6 +49,11 @@ class LocalComm:
     def gather_tokens(self, img: torch.Tensor) -> torch.Tensor:
         """Every image token, from this process's ``split_tokens`` share."""
         return img
+
+    def arrange_keys(self, values: torch.Tensor) -> torch.Tensor:
+        """A value per token [L] in ``[text; image]`` order -> the order of the keys attention sees after
+        ``to_heads`` (per-key attention bias travels with its keys)."""
+        return values
 
     def sum_image_tokens(self, stats: torch.Tensor) -> torch.Tensor:
         """[K, B, local image tokens] per-token statistics -> [K] sums over every real image token of every
@@ -205,11 +210,13 @@ def joint_attention(
     num_txt: int = 0,
     kv: RefKVLayer | None = None,
     comm: LocalComm = LOCAL,
+    attn_bias: KeyBias | None = None,
 ) -> torch.Tensor:
     """Attention over the joint sequence after RoPE; returns [B, L, heads * head_dim].
 
     - ``kv`` filled: the stored reference K/V are spliced in after the ``num_txt`` text keys.
     - ``kv`` empty: the sequence is the references alone (``encode_reference_kv``); their K/V are stored.
+    - ``attn_bias``: added to the logits of every query against each key (per-reference strength).
 
     Under sequence parallelism ``comm`` gathers every token of this process's heads after RoPE (the K/V
     cache then holds those heads for every reference token) and scatters the result back.
@@ -222,7 +229,8 @@ def joint_attention(
         v = torch.cat([v[:, :, :num_txt], v_ref, v[:, :, num_txt:]], dim=2)
     elif kv is not None:
         kv.store(k, v)
-    return rearrange(comm.to_tokens(sdpa(q, k, v)), "B H L D -> B L (H D)")
+    bias = None if attn_bias is None else attn_bias.for_keys(num_txt, k.shape[2], q.device).to(q.dtype)
+    return rearrange(comm.to_tokens(sdpa(q, k, v, bias)), "B H L D -> B L (H D)")
 
 
 class DoubleStreamBlock(nn.Module):
@@ -238,11 +246,11 @@ class DoubleStreamBlock(nn.Module):
         self.txt_attn = SelfAttention(hidden, num_heads, bias)
         self.txt_mlp = mlp(hidden, mlp_hidden, act(), bias)
 
-    def forward(self, img, txt, mod_img, mod_txt, pe, kv=None):
+    def forward(self, img, txt, mod_img, mod_txt, pe, kv=None, attn_bias=None):
         (img_sh1, img_sc1, img_g1), (img_sh2, img_sc2, img_g2) = mod_img
         (txt_sh1, txt_sc1, txt_g1), (txt_sh2, txt_sc2, txt_g2) = mod_txt
         q, k, v = self._joint_qkv(modulate(img, img_sh1, img_sc1), modulate(txt, txt_sh1, txt_sc1))
-        attn = joint_attention(q, k, v, pe, num_txt=txt.shape[1], kv=kv, comm=self.comm)
+        attn = joint_attention(q, k, v, pe, num_txt=txt.shape[1], kv=kv, comm=self.comm, attn_bias=attn_bias)
         del q, k, v
         txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
         img_out, txt_out = self.comm.sum_partials(self.img_attn.proj(img_attn), self.txt_attn.proj(txt_attn))
@@ -277,7 +285,7 @@ class SingleStreamBlock(nn.Module):
         self.linear2 = Linear(hidden + mlp_hidden, hidden, bias=bias)
         self.norm = QKNorm(hidden // num_heads)
 
-    def forward(self, x, mod, pe, num_txt, kv=None):
+    def forward(self, x, mod, pe, num_txt, kv=None, attn_bias=None):
         shift, scale, gate = mod
         qkv, mlp = self.linear1(modulate(x, shift, scale)).split([3 * self.hidden, self.mlp_rows], -1)
         # The activation first, then v's own copy (q and k are the norms' outputs): linear1's fused output,
@@ -286,7 +294,7 @@ class SingleStreamBlock(nn.Module):
         q, k, v = split_qkv(qkv, self.num_heads, self.norm)
         v = v.contiguous()
         del qkv
-        attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm)
+        attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm, attn_bias=attn_bias)
         del q, k, v
         (out,) = self.comm.sum_partials(self.linear2(torch.cat([attn, mlp], dim=-1)))
         return x + gate * out

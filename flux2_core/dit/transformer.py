@@ -14,6 +14,9 @@ models. The KV checkpoint instead modulates references at t = 0 and lets them at
 ``encode_reference_kv`` computes their per-block K/V once, from the references alone, and
 ``forward_kv_cached`` runs text and noisy tokens against that cache at every step.
 
+``ref_bias`` [R] (both entry points) is added to the attention logits of every query against each reference
+key, in every block: log of each reference's strength (``reference_strength``).
+
 ``comm`` (``layers.LOCAL`` in one process) splits the tokens among the processes of a sequence-parallel run
 before the blocks and gathers the image tokens after them (``parallel``).
 """
@@ -29,6 +32,7 @@ from ..configs import Flux2Config, Variant
 from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..hooks import weight_mover
 from ..ops import Linear
+from .attention import KeyBias
 from .kv_cache import RefKVCache
 from .layers import (
     LOCAL,
@@ -94,13 +98,19 @@ class Flux2Transformer(DiT):
         )
         self.final_layer = LastLayer(hidden, config.in_channels)
 
-    def forward(self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None, step_cache=None):
+    def forward(
+        self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None, step_cache=None, ref_bias=None
+    ):
         num_img = x.shape[1]
+        bias = None
         if ref is not None and ref.shape[1] > 0:
             x = torch.cat([x, ref.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1)
             x_ids = torch.cat([x_ids, ref_ids])
+            if ref_bias is not None:  # [text; image; references] keys: only the references' get a bias
+                bias = KeyBias(own=torch.cat([ref_bias.new_zeros(ctx.shape[1] + num_img), ref_bias]))
         vec = self._vec(t, guidance, x.dtype)
-        out = self._run_blocks(x, ctx, torch.cat([ctx_ids, x_ids]), self._mods(vec), step_cache=step_cache)
+        ids = torch.cat([ctx_ids, x_ids])
+        out = self._run_blocks(x, ctx, ids, self._mods(vec), step_cache=step_cache, attn_bias=bias)
         return self.final_layer(out[:, :num_img], vec)
 
     @torch.inference_mode()
@@ -118,13 +128,18 @@ class Flux2Transformer(DiT):
         self._run_blocks(ref.to(self.dtype), no_text, ref_ids, self._mods(vec), cache=cache)
         return cache
 
-    def forward_kv_cached(self, x, x_ids, t, ctx, ctx_ids, cache: RefKVCache, guidance=None, step_cache=None):
+    def forward_kv_cached(
+        self, x, x_ids, t, ctx, ctx_ids, cache: RefKVCache, guidance=None, step_cache=None, ref_bias=None
+    ):
         """Text and noisy tokens attend to themselves and to the cached reference K/V."""
         if not cache.filled:
             cache.double[0].get(x.shape[0])  # raises the clear "cache is empty" error
         vec = self._vec(t, guidance, x.dtype)
         ids = torch.cat([ctx_ids, x_ids])
-        out = self._run_blocks(x, ctx, ids, self._mods(vec), cache=cache, step_cache=step_cache)
+        bias = None if ref_bias is None else KeyBias(cached=ref_bias)
+        out = self._run_blocks(
+            x, ctx, ids, self._mods(vec), cache=cache, step_cache=step_cache, attn_bias=bias
+        )
         return self.final_layer(out, vec)
 
     def _vec(self, t: torch.Tensor, guidance: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -146,18 +161,23 @@ class Flux2Transformer(DiT):
             self.single_stream_modulation(vec)[0],
         )
 
-    def _run_blocks(self, img, ctx, ids, mods, cache: RefKVCache | None = None, step_cache=None):
+    def _run_blocks(
+        self, img, ctx, ids, mods, cache: RefKVCache | None = None, step_cache=None, attn_bias=None
+    ):
         """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part.
-        ``step_cache`` (a ``step_cache.FirstBlockCache``) may end the step after the first block."""
+        ``step_cache`` (a ``step_cache.FirstBlockCache``) may end the step after the first block;
+        ``attn_bias`` (a ``KeyBias`` over the keys in ``[text; image]`` order) goes to every attention."""
         img_mod, txt_mod, single_mod = mods
         ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
+        if attn_bias is not None and attn_bias.own is not None:
+            attn_bias = KeyBias(own=self.comm.arrange_keys(attn_bias.own))
         pe = self._rope(ids, img.device)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))
         for i, block in enumerate(self.double_blocks):
             kv = cache.double[i] if cache is not None else None
             before = img
-            img, txt = block(img, txt, img_mod, txt_mod, pe, kv=kv)
+            img, txt = block(img, txt, img_mod, txt_mod, pe, kv=kv, attn_bias=attn_bias)
             img, txt = _fp16_safe(img), _fp16_safe(txt)
             if i == 0 and step_cache is not None:
                 cached = step_cache.skip(before, img, self.comm)
@@ -167,7 +187,7 @@ class Flux2Transformer(DiT):
         h = torch.cat([txt, img], dim=1)
         for i, block in enumerate(self.single_blocks):
             kv = cache.single[i] if cache is not None else None
-            h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv))
+            h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv, attn_bias=attn_bias))
         out = h[:, num_txt:]
         if step_cache is not None:
             step_cache.ran_all(out)

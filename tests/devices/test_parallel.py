@@ -15,6 +15,7 @@ import re
 import socket
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ from flux2_core.dit.step_cache import StepCache
 from flux2_core.dit.transformer import Flux2Transformer
 from flux2_core.errors import Flux2Error
 from flux2_core.ops import linears
+from flux2_core.reference_strength import ReferenceStrength
 from flux2_core.references import ReferenceLatents
 from flux2_core.sampling import SampleRequest, SampleSettings, sample
 from flux2_core.weights.checkpoint import open_checkpoint
@@ -65,8 +67,15 @@ RUNS = {
         ("dev", "dev-diffusers.safetensors", "dev", (8, (64, 64), [(4, 4)], 4.0)),
         ("kv", "flux-2-klein-4b.safetensors", "kv", (7, (80, 64), [(3, 3)], 1.0)),
         ("fp8", "klein-fp8.safetensors", "distilled", (8, (64, 64), [(2, 4)], 1.0)),
+        ("strength", "flux-2-klein-4b.safetensors", "distilled", (7, (80, 64), [(3, 3), (2, 4)], 1.0)),
+        ("kvstrength", "flux-2-klein-4b.safetensors", "kv", (7, (80, 64), [(3, 3), (2, 4)], 1.0)),
     )
     for mode in ("tensor", "sequence")
+}
+# per-reference strengths of the cases named after them (the bias travels with the keys in sequence mode)
+STRENGTHS = {
+    "strength": (ReferenceStrength(0.5), ReferenceStrength(2.0, 0.0, 0.5)),
+    "kvstrength": (ReferenceStrength(3.0), ReferenceStrength(0.0)),
 }
 # the step cache's run: file, the case whose inputs it takes, threshold (random weights change by about 1 per
 # step: see test_step_cache.py), steps
@@ -186,7 +195,9 @@ def _cached_settings() -> SampleSettings:
 
 def _inputs(root: Path, case: str):
     data = torch.load(root / f"{case}.inputs.pt")
-    return data["ctx"], ReferenceLatents.from_latents(data["refs"])
+    refs = ReferenceLatents.from_latents(data["refs"])
+    strengths = STRENGTHS.get(case.split("-")[0])
+    return data["ctx"], refs if strengths is None else replace(refs, strengths=strengths)
 
 
 def free_port() -> int:

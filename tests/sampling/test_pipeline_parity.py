@@ -6,8 +6,7 @@ same text conditioning and the same seed (CPU float32 noise), and must end on th
 
 import pytest
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinKVPipeline, Flux2KleinPipeline
-from parity_helpers import as_diffusers_latents, random_image
+from parity_helpers import as_diffusers_latents, diffusers_run, random_image
 from tiny_dit import make_diffusers_dit, write_bfl_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
@@ -44,32 +43,9 @@ def _embeds(seed, batch=1):
 
 
 def _diffusers_run(weights, variant, settings, positive, negative=None, images=None):
-    cls = Flux2KleinKVPipeline if variant == "kv" else Flux2KleinPipeline
-    kwargs = {} if variant == "kv" else {"is_distilled": variant == "distilled"}
-    pipe = cls(
-        scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential"),
-        vae=weights["vae"],
-        text_encoder=None,
-        tokenizer=None,
-        transformer=make_diffusers_dit(seed=3),
-        **kwargs,
+    return diffusers_run(
+        make_diffusers_dit(seed=3), weights["vae"], variant, settings, positive, negative, images
     )
-    pipe.set_progress_bar_config(disable=True)
-    call = dict(
-        prompt_embeds=positive,
-        height=settings.height,
-        width=settings.width,
-        num_inference_steps=settings.steps,
-        num_images_per_prompt=settings.batch_size,
-        generator=torch.Generator("cpu").manual_seed(settings.seed),
-        output_type="latent",
-        return_dict=False,
-        image=images,
-    )
-    if variant != "kv":
-        call.update(guidance_scale=settings.guidance, negative_prompt_embeds=negative)
-    with torch.no_grad():
-        return pipe(**call)[0]
 
 
 CASES = {
