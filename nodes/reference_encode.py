@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..flux2_core import FIT_MODES, MAX_REFERENCE_PIXELS, encode_references, processed_size
+from ..flux2_core.reference_strength import MAX_STRENGTH, ReferenceStrength
 from . import convert, host, sockets, types
 from .decode import tile_inputs
 from .sockets import io
@@ -26,6 +27,17 @@ TILE_SIZE_TOOLTIP = (
     "Encode in square tiles of this many pixels, for large references on small cards (memory then grows "
     "with the tile, not the image). 0 = automatic: the whole image at once when it fits in free memory, else "
     "the largest tile that fits. Tiles differ slightly from a whole-image encode; larger tiles are closer."
+)
+
+STRENGTH_TOOLTIP = (
+    "How much these references count: their keys' attention logits get + log(strength) in every block. 1 "
+    "is the plain edit, 0 ignores them (the text-to-image result), above 1 follows them more closely. "
+    "Applies to the references this node adds, not to earlier ones."
+)
+START_TOOLTIP = "The fraction of the steps from which these references count (before it they count as 0)."
+END_TOOLTIP = (
+    "The fraction of the steps up to which these references count (after it they count as 0): e.g. 0.5 "
+    "lets them set the composition and leaves the detail to the prompt."
 )
 
 
@@ -64,6 +76,21 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
                     "resize", options=list(FIT_MODES), optional=True, tooltip=RESIZE_TOOLTIP, default="crop"
                 ),
                 *tile_inputs(TILE_SIZE_TOOLTIP),
+                io.Float.Input(
+                    "strength",
+                    optional=True,
+                    default=1.0,
+                    min=0.0,
+                    max=MAX_STRENGTH,
+                    step=0.05,
+                    tooltip=STRENGTH_TOOLTIP,
+                ),
+                io.Float.Input(
+                    "start", optional=True, default=0.0, min=0.0, max=1.0, step=0.01, tooltip=START_TOOLTIP
+                ),
+                io.Float.Input(
+                    "end", optional=True, default=1.0, min=0.0, max=1.0, step=0.01, tooltip=END_TOOLTIP
+                ),  # fmt: skip
             ],
             outputs=[
                 sockets.References.Output(
@@ -72,6 +99,15 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
                 )
             ],
         )
+
+    @classmethod
+    def validate_inputs(cls, start=None, end=None):
+        if start is not None and end is not None and start > end:  # linked values arrive as None
+            return (
+                f"start {start:g} is after end {end:g}: the references would count at no step; set start "
+                "<= end"
+            )
+        return True
 
     @classmethod
     def execute(
@@ -83,7 +119,11 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
         resize: str = "crop",
         tile_size: int = 0,
         tile_overlap: int = 64,
+        strength: float = 1.0,
+        start: float = 0.0,
+        end: float = 1.0,
     ):
+        weight = ReferenceStrength(strength, start, end)  # checked before the VAE runs
         images = convert.image_to_list(image)
         pixels = int(max_megapixels * MEGAPIXEL)
         host.load(vae.patcher, _encode_memory(vae.vae, images, pixels, resize, tile_size, tile_overlap))
@@ -96,6 +136,8 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
             tile_size=tile_size,
             tile_overlap=tile_overlap,
         )
+        if not weight.plain:
+            encoded = encoded.with_strength(weight)
         return io.NodeOutput(encoded if references is None else references + encoded)
 
 

@@ -17,6 +17,7 @@ from PIL import Image, ImageOps
 from ..errors import Flux2Error
 from ..limits import GB, check_fits
 from ..lora import read_lora
+from ..reference_strength import ReferenceStrength
 from ..weights.hub import PAIRED_REPOS, MissingComponent, local_path, parse
 
 log = logging.getLogger("flux2_core")
@@ -270,3 +271,22 @@ def read_loras(values: list[str]) -> list[tuple[object, float]]:
             raise Flux2Error(f"--lora {value}: {path} is not a file: give the path of a LoRA .safetensors")
         loras.append((read_lora(path), strength))
     return loras
+
+
+def reference_strengths(values: list[float], count: int) -> tuple:
+    """``--reference-strength`` values -> a ReferenceStrength per reference (empty: every one plain): one
+    per ``--reference`` in order, or one for all."""
+    if not values:
+        return ()
+    if count == 0:
+        raise Flux2Error("--reference-strength needs reference images: add them with --reference")
+    if len(values) not in (1, count):
+        raise Flux2Error(
+            f"{len(values)} --reference-strength values for {count} --reference images: give one per "
+            "reference, in the same order, or one for all"
+        )
+    try:
+        strengths = tuple(ReferenceStrength(v) for v in values)
+    except Flux2Error as e:
+        raise Flux2Error(f"--reference-strength: {e}") from None
+    return strengths * count if len(strengths) == 1 else strengths

@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--reference-max-pixels", type=int, default=None, help="pixel cap per reference (1024^2)"
     )
+    gen.add_argument(
+        "--reference-strength", action="append", type=float, default=[], metavar="S",
+        help="how much a reference counts: 1 the plain edit, 0 ignores it, above 1 follows it more; repeat "
+        "in the order of --reference, or give once for all",
+    )  # fmt: skip
     gen.add_argument("--image", default=None, help="image to start from (img2img), inpaint or outpaint")
     gen.add_argument("--mask", default=None, help="inpaint mask for --image: white = repaint")
     gen.add_argument(

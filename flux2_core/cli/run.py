@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -71,6 +71,7 @@ class Request:
     edit: Edit | None  # --image with --mask / --outpaint / --strength
     loras: list[tuple[object, float]]  # (LoraFile, strength)
     tiles: dict  # the VAE's tile_size and tile_overlap
+    strengths: tuple = ()  # ReferenceStrength of each reference image (empty: every one plain)
 
 
 @dataclass
@@ -122,6 +123,7 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
         MAX_FILL_GUIDANCE if fill else MAX_GUIDANCE,
     )
     max_pixels = args.reference_max_pixels or MAX_REFERENCE_PIXELS
+    strengths = inputs.reference_strengths(args.reference_strength, len(args.reference))
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
     edit = prepare_edit(args, max_pixels)
@@ -132,7 +134,9 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     check_threshold(args.step_cache)  # before anything is read
     if not fill and args.resident_mb < 0:
         raise Flux2Error(f"--resident-mb {args.resident_mb} is negative: give 0 (stream every block) or more")
-    return Request(args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles)
+    return Request(
+        args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles, strengths
+    )
 
 
 def _one_text_encoder(args: argparse.Namespace) -> argparse.Namespace:
@@ -226,6 +230,8 @@ def encode_images(request: Request, plan: Plan, ranks: Ranks):
         vae = load_vae(plan.vae, dtype=torch.float32, device=request.device)
         if request.images:
             references = encode_references(vae, request.images, request.max_pixels, **request.tiles)
+            if request.strengths:
+                references = replace(references, strengths=request.strengths)
         start, mask, references = encode_edit(vae, request.edit, references, plan.grid, request.tiles)
     references, start, mask = ranks.share_inputs(references, start, mask)
     return vae, references, start, mask

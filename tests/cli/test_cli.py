@@ -220,3 +220,46 @@ def test_a_streamed_run_checks_that_ram_holds_the_whole_model(files, tmp_path, m
 def test_bad_memory_flags_are_refused(files, tmp_path, caplog, flags, message):
     code, out = _run(files, tmp_path, *flags)
     assert code == 2 and not out.exists() and message in caplog.text
+
+
+def _reference(tmp_path, name="ref.png", seed=0):
+    ref = tmp_path / name
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(ref)
+    return str(ref)
+
+
+def test_reference_strength_zero_writes_the_text_to_image_picture(files, tmp_path):
+    size = ["--width", "64", "--height", "64", "--steps", "2"]
+    ref = _reference(tmp_path)
+    _, plain_out = _run(files, tmp_path / "t2i", *size)
+    _, off_out = _run(files, tmp_path / "off", *size, "--reference", ref, "--reference-strength", "0")
+    _, on_out = _run(files, tmp_path / "on", *size, "--reference", ref, "--reference-strength", "1")
+    t2i, off, on = (np.asarray(Image.open(p)) for p in (plain_out, off_out, on_out))
+    assert np.array_equal(off, t2i) and not np.array_equal(on, t2i)
+
+
+def test_one_reference_strength_per_reference_or_one_for_all(files, tmp_path):
+    size = ["--width", "64", "--height", "64", "--steps", "2"]
+    a, b = _reference(tmp_path, "a.png", 0), _reference(tmp_path, "b.png", 1)
+    refs = ["--reference", a, "--reference", b]
+    _, both_out = _run(files, tmp_path / "both", *size, *refs, "--reference-strength", "0.5")
+    _, each_out = _run(files, tmp_path / "each", *size, *refs, *["--reference-strength", "0.5"] * 2)
+    _, mixed_out = _run(files, tmp_path / "mixed", *size, *refs, "--reference-strength", "0.5",
+                        "--reference-strength", "2")  # fmt: skip
+    both, each, mixed = (np.asarray(Image.open(p)) for p in (both_out, each_out, mixed_out))
+    assert np.array_equal(both, each) and not np.array_equal(both, mixed)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--reference-strength", "0.5"], "--reference-strength needs reference images"),
+        (["--reference", "R", *[f"--reference-strength={s}" for s in (1, 2, 3)]],
+         "3 --reference-strength values for 1 --reference images"),
+        (["--reference", "R", "--reference-strength", "-2"], "--reference-strength: reference strength -2"),
+    ],
+)  # fmt: skip
+def test_bad_reference_strengths_are_refused_before_loading(files, tmp_path, caplog, extra, message):
+    extra = [_reference(tmp_path) if x == "R" else x for x in extra]
+    code, out = _run(files, tmp_path, *extra)
+    assert code == 2 and not out.exists() and message in caplog.text

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
-from klein_nodes import TEXT_WIDTH, image
+from klein_nodes import TEXT_WIDTH, image, run_sampler
 
 
 def test_text_encode_gives_cpu_conditioning_and_frees_the_encoder(nodes, loaded, host):
@@ -31,3 +32,28 @@ def test_reference_pixel_cap(nodes, loaded):
     assert small.pixel_size(0) == (112, 192)  # under the cap: only centre-cropped to multiples of 16
     (large,) = encode(loaded["vae"], image(512, 256), max_megapixels=0.0625)
     assert large.pixel_size(0) == (176, 352)  # 256 x 512 scaled by sqrt(1/2) to 181 x 362, cropped to /16
+
+
+def test_reference_strength_applies_to_the_references_the_node_adds(nodes, loaded):
+    encode = nodes["Flux2KleinReferenceEncode"]
+    (first,) = encode.execute(loaded["vae"], image(64, 64, batch=2))
+    (chained,) = encode.execute(
+        loaded["vae"], image(80, 64), references=first, strength=0.5, start=0.0, end=0.5
+    )
+    assert first.plain and [s.strength for s in chained.strengths] == [1.0, 1.0, 0.5]
+    assert chained.strengths[2].end == 0.5
+    assert encode.validate_inputs(start=0.75, end=0.25).startswith("start 0.75 is after end 0.25")
+    assert encode.validate_inputs(start=0.0, end=1.0) is True
+
+
+def test_references_at_strength_zero_sample_the_text_to_image_result(nodes, loaded):
+    (off,) = nodes["Flux2KleinReferenceEncode"].execute(loaded["vae"], image(64, 64), strength=0.0)
+    (on,) = nodes["Flux2KleinReferenceEncode"].execute(loaded["vae"], image(64, 64))
+    t2i = run_sampler(nodes, loaded)
+    assert torch.equal(run_sampler(nodes, loaded, references=off), t2i)
+    assert not torch.equal(run_sampler(nodes, loaded, references=on), t2i)
+
+
+def test_a_bad_reference_strength_is_refused_by_name(nodes, loaded, Flux2Error):
+    with pytest.raises(Flux2Error, match="reference strength -1"):
+        nodes["Flux2KleinReferenceEncode"].execute(loaded["vae"], image(64, 64), strength=-1.0)
