@@ -94,6 +94,8 @@ from .sampling import (
     output_size,
     sample,
 )
+from .steering.reference_strength import MAX_STRENGTH as MAX_REFERENCE_STRENGTH
+from .steering.reference_strength import ReferenceStrength, at_step, step_of
 from .text.encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
 from .vae.autoencoder import AutoEncoder, load_vae
 
@@ -113,6 +115,10 @@ __all__ = [
     "KLEIN_VARIANTS",
     "Lora",
     "MAX_REFERENCE_PIXELS",
+    "MAX_REFERENCE_STRENGTH",
+    "ReferenceStrength",
+    "at_step",
+    "step_of",
     "VARIANTS",
     "AutoEncoder",
     "BlockPlacement",

@@ -24,7 +24,7 @@ from PIL import Image
 from .configs import FLUX2
 from .dit.rope import reference_ids
 from .errors import Flux2Error
-from .reference_strength import PLAIN, ReferenceStrength, check_strengths
+from .steering.reference_strength import PLAIN, ReferenceStrength, check_strengths
 
 MAX_REFERENCE_PIXELS = 1024 * 1024
 MIN_SIDE = 64

@@ -1,10 +1,11 @@
-"""FLUX.2 [klein] sampling: the empirical-mu schedule, the checked request, the klein denoiser, ``sample``.
+"""FLUX.2 [klein] sampling: the empirical-mu schedule, the checked request, ``sample``.
 
-The denoiser gives the velocity of one step for the variant's guidance kind: one pass (distilled, KV), true
-CFG ``v_u + g (v_c - v_u)`` with a negative prompt (base), or the guidance value fed to the model (dev). The
-KV model runs every step, the first included, against the references' K/V, computed once before the loop (or
-handed in, to reuse across runs). The loop itself is ``flow.euler``. The timestep goes to the model as float32
-sigma (ComfyUI's choice; BFL and diffusers round it to bf16 first, and do so differently from each other).
+The denoiser (``denoiser.KleinDenoiser``) gives the velocity of one step for the variant's guidance kind: one
+pass (distilled, KV), true CFG ``v_u + g (v_c - v_u)`` with a negative prompt (base), or the guidance value
+fed to the model (dev). The KV model runs every step, the first included, against the references' K/V,
+computed once before the loop (or handed in, to reuse across runs). The loop is ``flow.euler``. The timestep
+goes to the model as float32 sigma (ComfyUI's choice; BFL and diffusers round it to bf16 first, and do so
+differently from each other).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
+from .denoiser import PROMPTS_FOR_BATCH, KleinDenoiser, dit_call
 from .devices.streaming import streamer_of
 from .dit.kv_cache import RefKVCache
 from .dit.rope import image_ids, reference_ids, text_ids
@@ -28,9 +30,8 @@ from .flow import StepCallback, euler, make_noise, pack, shifted_sigmas, start_f
 from .hooks import before_each, calling, copies_released
 from .limits import check_request
 from .lora import DIT, patched
-from .reference_strength import key_bias, strengths_at
 from .references import ReferenceLatents
-from .sampling_checks import activation_bytes, batched, check_batch, check_finite, check_strength
+from .sampling_checks import activation_bytes, check_batch, check_finite, check_strength
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +147,6 @@ def model_run(model: Flux2Model, interrupt: Callable[[], None] | None = None) ->
         yield
 
 
-PROMPTS_FOR_BATCH = (
-    "the conditioning holds {given} prompts but the batch size is {batch}: encode one prompt, or as many as "
-    "the batch size"
-)
-
 NAN_CAUSES = (
     ", so the image would be garbage. Likely causes: weights holding NaN/inf (a corrupt or badly converted "
     "file: download it again), float16 overflowing (use bfloat16 or float32), or an extreme guidance value "
@@ -228,7 +224,7 @@ def sample(request: SampleRequest) -> torch.Tensor:
     cache = StepCache.of(request.step_cache)
     cache.start(len(request.conds))
     schedule = get_sigmas(settings.steps, grid[0] * grid[1]).tolist()
-    denoise = KleinDenoiser(request, kv_cache, cache, schedule)
+    denoise = KleinDenoiser(request, schedule, kv_cache, cache)
     sigmas = truncate(schedule, request.strength)
     # Latents stay float32 on the model's device for the whole run; the noise is drawn on the CPU.
     device = model.transformer.device
@@ -255,14 +251,16 @@ def latent_velocity(
     references: list[torch.Tensor] | None = None,
     guidance: torch.Tensor | None = None,
     kv_cache: RefKVCache | None = None,
+    ref_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One DiT call on latents, the way native ComfyUI calls its FLUX.2 model: ``x`` [B, 128, h, w] at noise
     level ``sigma`` [B] -> the velocity (noise - x0) [B, 128, h, w], float32, on ``x``'s device.
 
     ``context`` [B, L, C] (any L), ``references`` [B or 1, 128, h_k, w_k] latents at time offsets 10, 20,
     ... (native's "index" method, ours), ``guidance`` [B] the embedded value (dev; ignored by klein),
-    ``kv_cache`` the KV model's reference K/V (``references`` then unused). LoRAs, streaming and interrupt
-    hooks are the caller's, for the whole run."""
+    ``kv_cache`` the KV model's reference K/V (``references`` then unused), ``ref_bias`` the bias of the
+    reference keys (``reference_strength``). LoRAs, streaming and interrupt hooks are the caller's, for the
+    whole run."""
     net = model.transformer
     device, dtype = net.device, net.dtype
     b, _, h, w = x.shape
@@ -272,24 +270,15 @@ def latent_velocity(
     kw = {}
     if guidance is not None and net.config.guidance_embed:
         kw["guidance"] = guidance.float().to(device).reshape(-1).expand(b)
+    if ref_bias is not None:
+        kw["ref_bias"] = ref_bias
     refs = None
     if kv_cache is None and references:
         packed = torch.cat([pack(lat) for lat in references], dim=1).to(device, dtype)
         refs = (packed, reference_ids([tuple(lat.shape[-2:]) for lat in references]))
     with torch.inference_mode():
-        v = _dit_call(net, tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), refs, kv_cache, **kw)
+        v = dit_call(net, tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), refs, kv_cache, **kw)
     return unpack(v.float(), h, w).to(x.device)
-
-
-def _dit_call(net, x, x_ids, t, ctx, ctx_ids, refs=None, kv_cache=None, **kw) -> torch.Tensor:
-    """The DiT's velocity for packed tokens ``x`` [B, N, 128]: against the KV model's cached reference K/V
-    (``kv_cache``), with reference tokens appended (``refs``: tokens [1 or B, R, 128] and ids [R, 4]), or
-    on their own; ``kw``: the embedded guidance, the step cache, the reference keys' bias."""
-    if kv_cache is not None:
-        return net.forward_kv_cached(x, x_ids, t, ctx, ctx_ids, kv_cache, **kw)
-    if refs is not None:
-        return net(x, x_ids, t, ctx, ctx_ids, *refs, **kw)
-    return net(x, x_ids, t, ctx, ctx_ids, **kw)
 
 
 def _report_guidance(request: SampleRequest) -> None:
@@ -338,61 +327,3 @@ def _check_editing(start, strength, mask, settings: SampleSettings) -> None:
             f"the inpaint mask has shape {list(mask.shape)}, not [1 or {settings.batch_size}, {tokens}, 1] "
             f"for the {grid[1]}x{grid[0]} latent grid: make it with editing.latent_mask"
         )
-
-
-class KleinDenoiser:
-    """The velocity of one step (see the module docstring for the guidance kinds and the KV model)."""
-
-    def __init__(self, request: SampleRequest, kv_cache: RefKVCache | None = None, cache=None, schedule=None):
-        model, settings, references = request.model, request.settings, request.references
-        self.net = model.transformer
-        self.cache = cache or StepCache()  # one FirstBlockCache per pass (conditional, unconditional)
-        self.guidance = settings.guidance
-        device, dtype = self.net.device, self.net.dtype
-        self.x_ids = image_ids(*settings.grid)  # ids stay on the CPU: the model turns them into a RoPE table
-        self.conds = [
-            (batched(c, settings.batch_size, PROMPTS_FOR_BATCH).to(device, dtype), text_ids(c.shape[1]))
-            for c in request.conds
-        ]
-        self.refs = None
-        if references is not None and len(references) and kv_cache is None:  # [1, R, C]: the whole batch's
-            self.refs = (references.tokens.to(device, dtype), references.ids)
-        self.kv_cache = kv_cache
-        # Per-reference strengths (``reference_strength``): the step of each sigma of the full schedule
-        self.strengths = None
-        if references is not None and len(references) and not references.plain:
-            self.strengths, self.token_counts = references.strengths, references.token_counts
-            self.schedule = list(schedule if schedule is not None else get_sigmas(settings.steps, 1))
-        self.embedded = None
-        if model.variant.embeds_guidance:
-            self.embedded = torch.full((settings.batch_size,), settings.guidance, dtype=torch.float32)
-
-    def __call__(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
-        x_in = x.to(self.net.dtype)
-        t = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
-        g = self.embedded.to(x.device) if self.embedded is not None else None
-        refs, kv_cache, bias = self._references_at(sigma)
-        velocities = []
-        with torch.inference_mode():
-            for i, (ctx, ctx_ids) in enumerate(self.conds):
-                step = self.cache.pass_cache(i)  # None when off: the call is the one without a cache
-                kw = {"guidance": g} if step is None else {"guidance": g, "step_cache": step}
-                if bias is not None:
-                    kw["ref_bias"] = bias
-                v = _dit_call(self.net, x_in, self.x_ids, t, ctx, ctx_ids, refs, kv_cache, **kw)
-                velocities.append(v.float())
-        if len(velocities) == 2:
-            v_cond, v_uncond = velocities
-            return v_uncond + self.guidance * (v_cond - v_uncond)
-        return velocities[0]
-
-    def _references_at(self, sigma: float):
-        """(reference tokens, KV cache, bias of the reference keys) for the step at ``sigma``: as given with
-        every strength 1 (no bias), none at all with every strength 0, else with the bias."""
-        if self.strengths is None:
-            return self.refs, self.kv_cache, None
-        step = min(range(len(self.schedule)), key=lambda i: abs(self.schedule[i] - sigma))
-        values = strengths_at(self.strengths, step, len(self.schedule) - 1)
-        if all(v == 0.0 for v in values):
-            return None, None, None
-        return self.refs, self.kv_cache, key_bias(values, self.token_counts, self.net.dtype, self.net.device)

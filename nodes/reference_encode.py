@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from ..flux2_core import FIT_MODES, MAX_REFERENCE_PIXELS, encode_references, processed_size
-from ..flux2_core.reference_strength import MAX_STRENGTH, ReferenceStrength
+from ..flux2_core import (
+    FIT_MODES,
+    MAX_REFERENCE_PIXELS,
+    MAX_REFERENCE_STRENGTH,
+    ReferenceStrength,
+    encode_references,
+    processed_size,
+)
 from . import convert, host, sockets, types
 from .decode import tile_inputs
 from .sockets import io
@@ -81,7 +87,7 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
                     optional=True,
                     default=1.0,
                     min=0.0,
-                    max=MAX_STRENGTH,
+                    max=MAX_REFERENCE_STRENGTH,
                     step=0.05,
                     tooltip=STRENGTH_TOOLTIP,
                 ),

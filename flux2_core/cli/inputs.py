@@ -17,7 +17,7 @@ from PIL import Image, ImageOps
 from ..errors import Flux2Error
 from ..limits import GB, check_fits
 from ..lora import read_lora
-from ..reference_strength import ReferenceStrength
+from ..steering.reference_strength import ReferenceStrength
 from ..weights.hub import PAIRED_REPOS, MissingComponent, local_path, parse
 
 log = logging.getLogger("flux2_core")

@@ -42,9 +42,9 @@ from flux2_core.dit.step_cache import StepCache
 from flux2_core.dit.transformer import Flux2Transformer
 from flux2_core.errors import Flux2Error
 from flux2_core.ops import linears
-from flux2_core.reference_strength import ReferenceStrength
 from flux2_core.references import ReferenceLatents
 from flux2_core.sampling import SampleRequest, SampleSettings, sample
+from flux2_core.steering.reference_strength import ReferenceStrength
 from flux2_core.weights.checkpoint import open_checkpoint
 from flux2_core.weights.keymaps import plan as keymap_plan
 from flux2_core.weights.loading import load_checkpoint

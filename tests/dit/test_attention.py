@@ -23,11 +23,11 @@ def _counting(monkeypatch, slow: str):
     real = dict(attention.KERNELS)
 
     def wrap(name):
-        def kernel(q, k, v):
+        def kernel(q, k, v, bias=None):
             calls[name] += 1
             if name == slow:
                 time.sleep(0.02)
-            return real[name](q, k, v)
+            return real[name](q, k, v, bias)
 
         return kernel
 
@@ -82,3 +82,23 @@ def test_the_shape_class_rounds_lengths_up_to_powers_of_two():
         1024,
         2048,
     )
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 40), (1, 1, 40, 40)])
+def test_both_kernels_add_the_same_bias(shape):
+    # a per-key bias (reference strength) and a full [Lq, Lk] one, -inf included, over more queries than a
+    # chunk holds, in bfloat16 as the measured choice runs them
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=g).bfloat16() for _ in range(3))
+    bias = torch.randn(shape, generator=g)
+    bias[..., 5] = -torch.inf
+    bias = bias.bfloat16()
+    chunk = attention.CPU_ATTENTION_CHUNK
+    try:
+        attention.CPU_ATTENTION_CHUNK = 16
+        out = attention.matmul_kernel(q, k, v, bias)
+    finally:
+        attention.CPU_ATTENTION_CHUNK = chunk
+    expected = ((q.float() @ k.float().transpose(-1, -2)) / 4.0 + bias.float()).softmax(-1) @ v.float()
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(attention.sdpa_kernel(q, k, v, bias).float(), expected, atol=3e-2, rtol=3e-2)

@@ -11,6 +11,7 @@ from tiny_dit import make_diffusers_dit, write_bfl_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
+from flux2_core.denoiser import KleinDenoiser
 from flux2_core.devices.streaming import disable_streaming, enable_streaming
 from flux2_core.dit.attention import KeyBias
 from flux2_core.dit.files import load_transformer
@@ -19,16 +20,15 @@ from flux2_core.dit.layers import joint_attention
 from flux2_core.dit.rope import image_ids, text_ids
 from flux2_core.errors import Flux2Error
 from flux2_core.kv_store import RefKVStore
-from flux2_core.reference_strength import ReferenceStrength, key_bias
 from flux2_core.references import ReferenceLatents, encode_references
 from flux2_core.sampling import (
-    KleinDenoiser,
     SampleRequest,
     SampleSettings,
     encode_reference_kv,
     get_sigmas,
     sample,
 )
+from flux2_core.steering.reference_strength import ReferenceStrength, key_bias
 from flux2_core.vae.autoencoder import load_vae
 
 TOLERANCE = 1e-4  # max abs difference on the final latents against diffusers, float32 on the CPU (as parity)
@@ -208,7 +208,7 @@ def test_outside_its_step_range_a_reference_counts_as_zero(weights):
     refs = replace(refs, strengths=(ReferenceStrength(2.0, 0.0, 0.5), ReferenceStrength(1.0, 0.25, 1.0)))
     request = SampleRequest(model, _embeds(1), settings, references=refs)
     schedule = get_sigmas(4, 16).tolist()
-    denoiser = KleinDenoiser(request, None, None, schedule)
+    denoiser = KleinDenoiser(request, schedule)
     seen = []
     for sigma in schedule[:-1]:
         tokens, _, bias = denoiser._references_at(sigma)

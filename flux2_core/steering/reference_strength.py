@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import Flux2Error
+from ..errors import Flux2Error
 
 MAX_STRENGTH = 10.0  # far beyond any useful weight: log(10) already outweighs most logit gaps
 
@@ -71,6 +71,21 @@ PLAIN = ReferenceStrength()
 
 def strengths_at(strengths, step: int, steps: int) -> list[float]:
     return [s.at(step, steps) for s in strengths]
+
+
+def step_of(schedule, sigma: float) -> int:
+    """The step of a schedule (its sigmas, from 1 down to 0) that runs at noise level ``sigma``."""
+    return min(range(len(schedule)), key=lambda i: abs(float(schedule[i]) - float(sigma)))
+
+
+def at_step(
+    strengths, token_counts, step: int, steps: int, dtype, device
+) -> tuple[bool, torch.Tensor | None]:
+    """(whether the references take part in step ``step`` of ``steps``, the bias of their keys or None)."""
+    values = strengths_at(strengths, step, steps)
+    if all(v == 0.0 for v in values):
+        return False, None
+    return True, key_bias(values, token_counts, dtype, device)
 
 
 def key_bias(values: list[float], token_counts: list[int], dtype, device) -> torch.Tensor | None:

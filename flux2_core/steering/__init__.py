@@ -1,0 +1,1 @@
+"""Steering an edit: how much each reference counts (``reference_strength``)."""
