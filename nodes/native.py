@@ -58,9 +58,20 @@ class Flux2KleinToNativeConditioning(io.ComfyNode):
             category=CATEGORY,
             description=(
                 "Our FLUX.2 conditioning as native CONDITIONING (the same embedding), for CFGGuider, "
-                "ReferenceLatent, ConditioningZeroOut, FluxGuidance and the other native conditioning nodes."
+                "ReferenceLatent, ConditioningZeroOut, FluxGuidance and the other native conditioning nodes. "
+                "With references (FLUX.2 Reference Encode) they travel along, with their strengths, for a "
+                "model from FLUX.2 to native MODEL."
             ),
-            inputs=[sockets.Conditioning.Input("conditioning", tooltip="From FLUX.2 Text Encode.")],
+            inputs=[
+                sockets.Conditioning.Input("conditioning", tooltip="From FLUX.2 Text Encode."),
+                sockets.References.Input(
+                    "references",
+                    optional=True,
+                    tooltip="From FLUX.2 Reference Encode: added as native reference latents (as "
+                    "ReferenceLatent does), with each one's strength and step range, which FLUX.2 to native "
+                    "MODEL applies (native UNETLoader models ignore the strengths).",
+                ),
+            ],
             outputs=[
                 io.Conditioning.Output(
                     display_name="conditioning",
@@ -71,8 +82,8 @@ class Flux2KleinToNativeConditioning(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, conditioning: types.KleinConditioning) -> io.NodeOutput:
-        return io.NodeOutput(conditioning.to_native())
+    def execute(cls, conditioning: types.KleinConditioning, references=None) -> io.NodeOutput:
+        return io.NodeOutput(conditioning.to_native(references))
 
 
 class Flux2KleinFromNativeConditioning(io.ComfyNode):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import comfy.conds
 import comfy.model_base
 import comfy.model_patcher
 import comfy.patcher_extension as ext
@@ -17,6 +18,7 @@ import comfy.supported_models
 import torch
 
 from ..flux2_core import Flux2Error
+from .types import REFERENCE_STRENGTHS
 
 NATIVE_KEY = "flux2_klein"
 WEIGHT_PATCHES_REFUSED = (
@@ -34,6 +36,13 @@ class Flux2KleinNativeModel(comfy.model_base.Flux2):
         super().__init__(config, device=device)
         self.diffusion_model = dit
         self.memory_estimate = memory_estimate
+
+    def extra_conds(self, **kwargs):
+        out = super().extra_conds(**kwargs)
+        strengths = kwargs.get(REFERENCE_STRENGTHS)
+        if strengths:  # our references' strengths reach the diffusion model's call as a keyword
+            out[REFERENCE_STRENGTHS] = comfy.conds.CONDConstant(tuple(strengths))
+        return out
 
     def memory_required(self, input_shape, cond_shapes={}):  # noqa: B006  (native's signature)
         refs = cond_shapes.get("ref_latents") or []  # native's [1, 16, tokens] per batch of references

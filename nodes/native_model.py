@@ -33,12 +33,15 @@ from ..flux2_core import (
     Flux2Error,
     ReferenceLatents,
     SampleSettings,
+    at_step,
     encode_reference_kv,
     estimate_memory,
     latent_velocity,
     model_run,
+    step_of,
 )
 from . import host
+from .types import REFERENCE_STRENGTHS
 
 WRAPPER_KEY = "flux2_klein"
 
@@ -73,10 +76,32 @@ class NativeDiT(torch.nn.Module):
                 "places references by index (remove the reference-method node, or set it to index)"
             )
         model = self.klein.core
+        bias = None
+        strengths = kwargs.get(REFERENCE_STRENGTHS)
+        if ref_latents and strengths:
+            ref_latents, bias = self._at_step(model, ref_latents, strengths, timestep, transformer_options)
         kv = None
         if ref_latents and model.variant.kv_cache:
             kv = self._reference_kv(model, ref_latents)
-        return latent_velocity(model, x, timestep, context, ref_latents or None, guidance, kv)
+        return latent_velocity(model, x, timestep, context, ref_latents or None, guidance, kv, bias)
+
+    @staticmethod
+    def _at_step(model, ref_latents, strengths, timestep, transformer_options):
+        """(the references, the bias of their keys) at this call's step of native's schedule: none at all when
+        every strength is 0 there (``reference_strength``)."""
+        if len(strengths) != len(ref_latents):
+            raise Flux2Error(
+                f"the conditioning carries {len(ref_latents)} reference latents but {len(strengths)} "
+                "reference strengths: add the references through one FLUX.2 to native CONDITIONING node, "
+                "not also through ReferenceLatent"
+            )
+        schedule = transformer_options.get("sample_sigmas")
+        schedule = [1.0, 0.0] if schedule is None else schedule.tolist()
+        step = step_of(schedule, float(timestep.reshape(-1)[0]))
+        counts = [lat.shape[-2] * lat.shape[-1] for lat in ref_latents]
+        net = model.transformer
+        used, bias = at_step(strengths, counts, step, len(schedule) - 1, net.dtype, net.device)
+        return (ref_latents, bias) if used else (None, None)
 
     def _reference_kv(self, model, ref_latents):
         if any(lat.shape[0] > 1 and not torch.equal(lat, lat[:1].expand_as(lat)) for lat in ref_latents):

@@ -27,6 +27,8 @@ TEXT_ENCODER = "FLUX2_KLEIN_TEXT_ENCODER"
 VAE = "FLUX2_KLEIN_VAE"
 CONDITIONING = "FLUX2_KLEIN_CONDITIONING"
 REFERENCES = "FLUX2_KLEIN_REFERENCES"  # payload: flux2_core.references.ReferenceLatents
+# the key of native conditioning options holding our references' strengths (a tuple of ReferenceStrength)
+REFERENCE_STRENGTHS = "flux2_klein_reference_strengths"
 STITCH = "FLUX2_KLEIN_STITCH"  # payload: flux2_core.editing.Stitch (what the composite needs)
 IMAGE = "IMAGE"  # core: [B, H, W, 3] float 0..1
 MASK = "MASK"  # core: [B, H, W] float 0..1, 1 = repaint (as SetLatentNoiseMask and LoadImage's mask)
@@ -90,10 +92,17 @@ class KleinConditioning:
     encoder_name: str  # "Qwen3-4B", "Qwen3-8B", "Mistral-Small-3.2-24B" or a description of another shape
     width: int  # 3E: 7680 for Qwen3-4B (klein 4B), 12288 for Qwen3-8B (klein 9B), 15360 for Mistral (dev)
 
-    def to_native(self) -> list:
+    def to_native(self, references=None) -> list:
         """The same embedding as native ComfyUI ``CONDITIONING`` (what native Klein encoding gives for a
-        512-token prompt): ``[[embeds, {"pooled_output": None}]]``."""
-        return [[self.embeds, {"pooled_output": None}]]
+        512-token prompt): ``[[embeds, {"pooled_output": None}]]``; with ``references``
+        (``ReferenceLatents``) also their latents, as native ``ReferenceLatent`` adds them, and, unless every
+        one is plain, their strengths (``REFERENCE_STRENGTHS``, read by our native model)."""
+        options = {"pooled_output": None}
+        if references is not None and len(references):
+            options["reference_latents"] = references.latents()
+            if not references.plain:
+                options[REFERENCE_STRENGTHS] = references.strengths
+        return [[self.embeds, options]]
 
 
 @dataclass

@@ -373,3 +373,30 @@ def test_native_sampling_reports_progress_and_stops_on_interrupt(comfy):
         ws.close()
     kinds = [kind for kind, _ in comfy.finished_history(prompt_id)["status"]["messages"]]
     assert "execution_interrupted" in kinds and "execution_error" not in kinds, kinds
+
+
+def test_reference_strengths_reach_native_sampling_through_the_conditioning_bridge(comfy):
+    # references from our Reference Encode (at 0.5 over every step, then at 2 for the first half), handed to
+    # native sampling by FLUX.2 to native CONDITIONING: native's run equals our sampler's with the same ones
+    g, ids = base_graph()
+    load = g.add("LoadImage", image=comfy.upload((112, 80)))
+    for name, weight in (
+        ("half", dict(strength=0.5)),
+        ("early", dict(strength=2.0, end=0.5)),
+        ("off", dict(strength=0.0)),
+    ):
+        refs = g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0], image=[load, 0], **weight)
+        ours(g, ids, f"ours_{name}", references=[refs, 0])
+        bridged = g.add(
+            "Flux2KleinToNativeConditioning", conditioning=[ids["positive"], 0], references=[refs, 0]
+        )
+        native(g, ids, f"native_{name}", ids["native_model"], bridged)
+    plain = g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0], image=[load, 0])
+    ours(g, ids, "ours_plain", references=[plain, 0])
+    native(g, ids, "no_references", ids["native_model"], ids["native_positive"])
+    got = images(comfy, g)
+    for name in ("half", "early", "off"):
+        assert diff(got[f"native_{name}"], got[f"ours_{name}"]) <= TOLERANCE, name
+    assert diff(got["native_off"], got["no_references"]) == 0  # strength 0: the text-to-image call
+    assert np.abs(got["ours_half"] - got["ours_plain"]).mean() > 1  # the strength changes the picture
+    assert np.abs(got["ours_early"] - got["ours_half"]).mean() > 1
