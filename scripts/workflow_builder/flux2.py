@@ -25,6 +25,7 @@ from .notes import note
 from .recipe import Family, Mode, Recipe, Sampling
 
 VAE_FILE = "flux2-vae.safetensors"
+STRENGTH = ("strength", "start", "end")  # Reference Encode's widgets for how much a reference counts
 
 
 def build(r: Recipe) -> Graph:
@@ -88,7 +89,8 @@ def _references(g: Graph, r: Recipe, vae: Node) -> Node | None:
     for i in range(r.references):
         y = Y_IMAGES + IMAGE_ROW * i
         image = load_image(g, y, f"Reference image {i + 1}")
-        values = {"max_megapixels": 1.0, "resize": "crop", **AUTO_TILES}
+        weight = r.reference_strengths[i] if r.reference_strengths else (1.0, 0.0, 1.0)
+        values = {"max_megapixels": 1.0, "resize": "crop", **AUTO_TILES, **dict(zip(STRENGTH, weight))}
         enc = g.add(
             "Flux2KleinReferenceEncode", (X_ENCODE, y), (440, 130), values, title=f"Reference {i + 1}"
         )

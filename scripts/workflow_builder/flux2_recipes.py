@@ -101,6 +101,32 @@ RECIPES = (
         settings=f"{DISTILLED_SETTINGS}\n\n{EDIT_SIZE} Every extra reference makes each step slower.",
     ),
     Recipe(
+        name="flux2_klein_4b_edit_reference_strength",
+        title="FLUX.2 [klein] 4B: two references, each with its own strength",
+        summary=(
+            "Edits with two references that count differently, with the distilled klein 4B model: "
+            "*Reference 1* (the subject) at strength **1.0**, *Reference 2* (the style) at **0.5** and only "
+            "for the first 75% of the steps. A reference's `strength` scales its share of the model's "
+            "attention: 1 is the plain edit, 0 ignores the reference (the text-to-image result), above 1 "
+            "follows it more closely; `start` and `end` (fractions of the steps) limit when it counts. Try "
+            "0.3-0.8 on a style reference that takes over the picture."
+        ),
+        **KLEIN_4B,
+        prompt=(
+            "The cat from image 1 sitting on a windowsill, painted in the style of image 2: loose brush "
+            "strokes, warm evening colours."
+        ),
+        references=2,
+        width=0,
+        height=0,
+        reference_strengths=((1.0, 0.0, 1.0), (0.5, 0.0, 0.75)),
+        settings=(
+            f"{DISTILLED_SETTINGS}\n\n{EDIT_SIZE}\n\nThe strengths work on every model (base, 9B-KV, dev), "
+            "with LoRAs, quantised files, streaming and both parallel modes; in native sampling graphs they "
+            "travel through *FLUX.2 to native CONDITIONING*'s `references` input."
+        ),
+    ),
+    Recipe(
         name="flux2_klein_9b_kv_edit",
         title="FLUX.2 [klein] 9B-KV: fast reference editing",
         summary=(

@@ -57,3 +57,5 @@ class Recipe:
     lora: str | None = None  # a LoRA file in models/loras, applied by a LoRA Loader
     family: Family = Family.KLEIN
     sampling: Sampling = Sampling.OURS
+    # (strength, start, end) of each reference's Reference Encode; () leaves every one at its defaults
+    reference_strengths: tuple[tuple[float, float, float], ...] = ()

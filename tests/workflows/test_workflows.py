@@ -92,6 +92,7 @@ KLEIN_NAMES = [
     "flux2_klein_4b_base_text_to_image",
     "flux2_klein_4b_edit",
     "flux2_klein_4b_multi_reference_edit",
+    "flux2_klein_4b_edit_reference_strength",
     "flux2_klein_9b_kv_edit",
     "flux2_klein_4b_img2img",
     "flux2_klein_4b_inpaint",
@@ -352,6 +353,7 @@ EXPECTED = {
     "flux2_klein_4b_lora": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 1024, 0, False),
     "flux2_klein_4b_multi_reference_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 4, False),
     "flux2_klein_9b_kv_edit": ("flux-2-klein-9b-kv", "qwen_3_8b", "kv", 4, 1.0, 0, 2, False),
+    "flux2_klein_4b_edit_reference_strength": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 2, False),
     "flux2_klein_4b_img2img": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_inpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_outpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
@@ -867,3 +869,11 @@ def test_native_sampling_workflows_run_our_model_through_the_bridges(name):
     (noise,) = [n for n in patched.values() if n["class_type"] == "RandomNoise"]
     assert noise["inputs"]["noise_seed"] == 7
     assert "a test prompt" in [n["inputs"].get("text") for n in patched.values()]
+
+
+def test_the_reference_strength_workflow_gives_its_references_different_strengths():
+    wf = api("flux2_klein_4b_edit_reference_strength")
+    encodes = sorted((n for n in wf.values() if n["class_type"] == "Flux2KleinReferenceEncode"),
+                     key=lambda n: "references" in n["inputs"])  # fmt: skip
+    weights = [(n["inputs"]["strength"], n["inputs"]["start"], n["inputs"]["end"]) for n in encodes]
+    assert weights == [(1.0, 0.0, 1.0), (0.5, 0.0, 0.75)]
