@@ -96,6 +96,7 @@ from .sampling import (
 )
 from .steering.reference_strength import MAX_STRENGTH as MAX_REFERENCE_STRENGTH
 from .steering.reference_strength import ReferenceStrength, at_step, step_of
+from .steering.regions import Region, RegionalPrompt
 from .text.encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
 from .vae.autoencoder import AutoEncoder, load_vae
 
@@ -117,6 +118,8 @@ __all__ = [
     "MAX_REFERENCE_PIXELS",
     "MAX_REFERENCE_STRENGTH",
     "ReferenceStrength",
+    "Region",
+    "RegionalPrompt",
     "at_step",
     "step_of",
     "VARIANTS",

@@ -1,5 +1,6 @@
 """The klein denoiser: the velocity of one sampling step for the variant's guidance kind (see ``sampling``),
-with the references as each step's strengths want them (``reference_strength``)."""
+with the references as each step's strengths want them (``reference_strength``) and the positive pass under
+the regional prompts' mask (``regions``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .dit.rope import image_ids, text_ids
 from .dit.step_cache import StepCache
 from .sampling_checks import batched
 from .steering.reference_strength import at_step, step_of
+from .steering.regions import regional_plan
 
 PROMPTS_FOR_BATCH = (
     "the conditioning holds {given} prompts but the batch size is {batch}: encode one prompt, or as many as "
@@ -40,9 +42,12 @@ class KleinDenoiser:
         self.guidance = settings.guidance
         device, dtype = self.net.device, self.net.dtype
         self.x_ids = image_ids(*settings.grid)  # ids stay on the CPU: the model turns them into a RoPE table
+        conds, self.mask = list(request.conds), None
+        if request.regions is not None:  # the positive pass: the joined prompts under the regional mask
+            conds[0], self.mask = regional_plan(request.regions, settings.grid, dtype, device)
         self.conds = [
             (batched(c, settings.batch_size, PROMPTS_FOR_BATCH).to(device, dtype), text_ids(c.shape[1]))
-            for c in request.conds
+            for c in conds
         ]
         self.refs = None
         if references is not None and len(references) and kv_cache is None:  # [1, R, C]: the whole batch's
@@ -69,6 +74,8 @@ class KleinDenoiser:
                 kw = {"guidance": g} if step is None else {"guidance": g, "step_cache": step}
                 if bias is not None:
                     kw["ref_bias"] = bias
+                if i == 0 and self.mask is not None:
+                    kw["attn_mask"] = self.mask
                 v = dit_call(self.net, x_in, self.x_ids, t, ctx, ctx_ids, refs, kv_cache, **kw)
                 velocities.append(v.float())
         if len(velocities) == 2:

@@ -23,7 +23,7 @@ from .devices.streaming import streamer_of
 from .dit.kv_cache import RefKVCache
 from .dit.rope import image_ids, reference_ids, text_ids
 from .dit.step_cache import StepCache, check_threshold
-from .dit.transformer import Flux2Model
+from .dit.transformer import REGIONS_AND_REFERENCES, Flux2Model
 from .editing import inpaint_blend
 from .errors import Flux2Error
 from .flow import StepCallback, euler, make_noise, pack, shifted_sigmas, start_from, truncate, unpack
@@ -32,6 +32,7 @@ from .limits import check_request
 from .lora import DIT, patched
 from .references import ReferenceLatents
 from .sampling_checks import activation_bytes, check_batch, check_finite, check_strength
+from .steering.regions import RegionalPrompt
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,9 @@ class SampleRequest:
     ``encode_reference_kv`` (KV model), computed by ``sample`` if not given. ``mask`` (packed
     [1 or B, h * w, 1] from ``editing.latent_mask``, 1 = repaint) inpaints ``start``: after every step the
     latent outside the mask is ``start`` noised to the new sigma. ``step_cache`` is the First-Block Cache
-    threshold (0: off) or a ``StepCache`` to read what it did from (``dit.step_cache``). What a host has only
+    threshold (0: off) or a ``StepCache`` to read what it did from (``dit.step_cache``). ``regions`` (a
+    ``steering.regions.RegionalPrompt`` whose global prompt is ``positive``, [1, 0, C] for none) joins
+    the regions' prompts to it under the regional mask, in the positive pass. What a host has only
     once the model is loaded (the K/V, a progress callback) goes into a copy: ``dataclasses.replace``.
     """
 
@@ -183,6 +186,7 @@ class SampleRequest:
     kv_cache: RefKVCache | None = None
     mask: torch.Tensor | None = None
     step_cache: float | StepCache = 0.0
+    regions: RegionalPrompt | None = None
 
     def __post_init__(self) -> None:
         model, settings = self.model, self.settings
@@ -201,6 +205,13 @@ class SampleRequest:
         for conditioning in self.conds:
             check_batch(conditioning, settings.batch_size, PROMPTS_FOR_BATCH)
         _check_editing(self.start, self.strength, self.mask, settings)
+        if self.regions is not None:
+            if self.references is not None and len(self.references):
+                raise Flux2Error(REGIONS_AND_REFERENCES)
+            if self.regions.global_embeds is not self.positive:
+                raise Flux2Error("a regional request's positive conditioning is its global prompt's: pass it")
+            for region in self.regions.regions:
+                check_conditioning(model, region.embeds, "region's conditioning")
 
     @property
     def uses_cfg(self) -> bool:

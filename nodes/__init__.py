@@ -12,6 +12,7 @@ from .loaders import Flux2KleinModelLoader, Flux2KleinTextEncoderLoader, Flux2Kl
 from .lora import Flux2KleinLoraLoader
 from .native import Flux2KleinFromNativeConditioning, Flux2KleinToNativeConditioning, Flux2KleinToNativeModel
 from .reference_encode import Flux2KleinReferenceEncode
+from .regional import Flux2KleinRegionalPrompt
 from .sampler import Flux2KleinSampler
 from .sockets import ComfyExtension, io
 from .text_encode import Flux2KleinTextEncode
@@ -22,6 +23,7 @@ NODES: list[type[io.ComfyNode]] = [
     Flux2KleinVAELoader,
     Flux2KleinTextEncode,
     Flux2KleinReferenceEncode,
+    Flux2KleinRegionalPrompt,
     Flux2KleinSampler,
     Flux2KleinDecode,
     Flux2KleinEncode,

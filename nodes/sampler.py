@@ -19,6 +19,7 @@ from ..flux2_core import (
     MAX_STEP_CACHE,
     MAX_STEPS,
     STEP_CACHE_HELP,
+    Flux2Error,
     RefKVStore,
     SampleRequest,
     SampleSettings,
@@ -177,10 +178,13 @@ class Flux2KleinSampler(io.ComfyNode):
         mask = latent_mask(noise_mask, grid, batch_size) if noise_mask is not None else None
         # every number (linked values skip the widget ranges), the text encoder (the model's: dev: Mistral,
         # klein: its Qwen3) and the edit inputs are checked here, before the model is loaded
+        if negative is not None and negative.regions is not None:
+            raise Flux2Error("the negative prompt cannot be regional: connect one FLUX.2 Text Encode to it")
         request = SampleRequest(
             model.core,
             positive.embeds,
             settings,
+            regions=positive.regions,
             negative=negative.embeds if negative is not None else None,
             references=references,
             interrupt=host.check_interrupt,

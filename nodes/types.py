@@ -19,6 +19,7 @@ from ..flux2_core import (
     Flux1AutoEncoder,
     Flux1FillModel,
     Flux2Model,
+    RegionalPrompt,
     TextEncoder,
 )
 
@@ -86,11 +87,15 @@ class KleinVAE:
 
 @dataclass
 class KleinConditioning:
-    """One encoded prompt: ``embeds`` [1, 512, 3E] float32 on the intermediate device (CPU normally)."""
+    """One encoded prompt: ``embeds`` [1, 512, 3E] float32 on the intermediate device (CPU normally).
+
+    With ``regions`` (from FLUX.2 Regional Prompt) ``embeds`` is the global prompt's ([1, 0, 3E]: none) and
+    the regions' prompts join it under the regional mask when the sampler runs."""
 
     embeds: torch.Tensor
     encoder_name: str  # "Qwen3-4B", "Qwen3-8B", "Mistral-Small-3.2-24B" or a description of another shape
     width: int  # 3E: 7680 for Qwen3-4B (klein 4B), 12288 for Qwen3-8B (klein 9B), 15360 for Mistral (dev)
+    regions: RegionalPrompt | None = None
 
     def to_native(self, references=None) -> list:
         """The same embedding as native ComfyUI ``CONDITIONING`` (what native Klein encoding gives for a

@@ -44,15 +44,18 @@ Kernel = Callable[..., torch.Tensor]  # (q, k, v, bias=None) -> out
 
 @dataclass(frozen=True)
 class KeyBias:
-    """A value added to the attention logits of every query against each key, the same for every query,
-    head and block: ``own`` [Lk] over a call's own keys, in the order attention sees them; or ``cached`` [R]
-    over the cached reference keys the KV model splices in after the text (its own keys then get none)."""
+    """A value added to the attention logits against each key, the same for every head and block: ``own``
+    [Lk] (every query alike) or [Lq, Lk] (a mask: regional prompts) over a call's own keys, in the order
+    attention sees them; or ``cached`` [R] over the cached reference keys the KV model splices in after the
+    text (its own keys then get none)."""
 
     own: torch.Tensor | None = None
     cached: torch.Tensor | None = None
 
     def for_keys(self, num_txt: int, num_keys: int, device: torch.device) -> torch.Tensor:
         """[1, 1, 1, num_keys] for keys ``[own[:num_txt], cached, own[num_txt:]]`` (``num_keys`` in all)."""
+        if self.cached is None and self.own.ndim == 2:
+            return self.own.to(device).view(1, 1, *self.own.shape)
         if self.cached is None:
             values = self.own
         else:

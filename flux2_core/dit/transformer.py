@@ -15,7 +15,9 @@ models. The KV checkpoint instead modulates references at t = 0 and lets them at
 ``forward_kv_cached`` runs text and noisy tokens against that cache at every step.
 
 ``ref_bias`` [R] (both entry points) is added to the attention logits of every query against each reference
-key, in every block: log of each reference's strength (``reference_strength``).
+key, in every block: log of each reference's strength (``reference_strength``). ``attn_mask`` [L, L]
+(``forward``, without references) is added to the logits of the joint ``[text; image]`` sequence: the
+regional prompts' mask (``steering.regions``).
 
 ``comm`` (``layers.LOCAL`` in one process) splits the tokens among the processes of a sequence-parallel run
 before the blocks and gathers the image tokens after them (``parallel``).
@@ -45,6 +47,10 @@ from .layers import (
 )
 from .rope import cached_rotation
 
+REGIONS_AND_REFERENCES = (
+    "regional prompts and reference images cannot be combined: remove the references, or the regions (use "
+    "one prompt)"
+)
 REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they were clean (t = 0)
 
 
@@ -99,10 +105,23 @@ class Flux2Transformer(DiT):
         self.final_layer = LastLayer(hidden, config.in_channels)
 
     def forward(
-        self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None, step_cache=None, ref_bias=None
+        self,
+        x,
+        x_ids,
+        t,
+        ctx,
+        ctx_ids,
+        ref=None,
+        ref_ids=None,
+        guidance=None,
+        step_cache=None,
+        ref_bias=None,
+        attn_mask=None,
     ):
         num_img = x.shape[1]
-        bias = None
+        bias = None if attn_mask is None else KeyBias(own=attn_mask)
+        if attn_mask is not None and ref is not None and ref.shape[1] > 0:
+            raise Flux2Error(REGIONS_AND_REFERENCES)
         if ref is not None and ref.shape[1] > 0:
             x = torch.cat([x, ref.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1)
             x_ids = torch.cat([x_ids, ref_ids])
@@ -169,8 +188,12 @@ class Flux2Transformer(DiT):
         ``attn_bias`` (a ``KeyBias`` over the keys in ``[text; image]`` order) goes to every attention."""
         img_mod, txt_mod, single_mod = mods
         ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
-        if attn_bias is not None and attn_bias.own is not None:
+        if attn_bias is not None and attn_bias.own is not None and attn_bias.own.ndim == 1:
             attn_bias = KeyBias(own=self.comm.arrange_keys(attn_bias.own))
+        elif attn_bias is not None and attn_bias.own is not None:  # a mask: its rows and columns alike
+            order = self.comm.arrange_keys(torch.arange(attn_bias.own.shape[0], dtype=torch.float32))
+            order = order.long().to(attn_bias.own.device)
+            attn_bias = KeyBias(own=attn_bias.own.index_select(0, order).index_select(1, order))
         pe = self._rope(ids, img.device)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))

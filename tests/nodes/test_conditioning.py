@@ -57,3 +57,24 @@ def test_references_at_strength_zero_sample_the_text_to_image_result(nodes, load
 def test_a_bad_reference_strength_is_refused_by_name(nodes, loaded, Flux2Error):
     with pytest.raises(Flux2Error, match="reference strength -1"):
         nodes["Flux2KleinReferenceEncode"].execute(loaded["vae"], image(64, 64), strength=-1.0)
+
+
+def test_regional_prompts_chain_and_sample(nodes, loaded, Flux2Error):
+    regional, encode = nodes["Flux2KleinRegionalPrompt"], nodes["Flux2KleinTextEncode"]
+    (cat,) = encode.execute(loaded["encoder"], "a cat")
+    (dog,) = encode.execute(loaded["encoder"], "a dog")
+    left = torch.zeros(1, 64, 64)
+    left[:, :, :32] = 1
+    (one,) = regional.execute(cat, left, conditioning=loaded["positive"])
+    (two,) = regional.execute(dog, 1 - left, conditioning=one, strength=0.5)
+    assert two.regions.global_embeds is loaded["positive"].embeds and len(two.regions.regions) == 2
+    assert two.regions.regions[1].strength == 0.5
+    # one region over the whole picture and no global prompt: the plain run of its prompt
+    (whole,) = regional.execute(cat, torch.ones(1, 64, 64))
+    assert whole.embeds.shape[1] == 0
+    assert torch.equal(run_sampler(nodes, loaded, positive=whole), run_sampler(nodes, loaded, positive=cat))
+    assert not torch.equal(run_sampler(nodes, loaded, positive=two), run_sampler(nodes, loaded))
+    with pytest.raises(Flux2Error, match="not a regional conditioning"):
+        regional.execute(two, left)
+    with pytest.raises(Flux2Error, match="the negative prompt cannot be regional"):
+        run_sampler(nodes, loaded, negative=two, guidance=4.0)

@@ -1,0 +1,124 @@
+"""Regional prompts: a global prompt plus any number of (prompt, mask) regions, joined on the text axis.
+
+Each prompt is encoded on its own; the sampler joins the encodings, ``[global; region 1; region 2; ...]``,
+and restricts the joint attention over ``[text; image]`` with one mask, built once per run at latent
+resolution and used in every block and step of the positive pass (negative / unconditional passes stay
+unmasked). Who attends to whom (a query row against a key column):
+
+- the global prompt's text: itself and every image token (as in a plain run);
+- a region's text: itself and the image tokens inside its mask;
+- an image token: every image token, the global prompt's text, and the text of each region whose mask holds
+  it (with the region's ``strength`` s, as for references, its logits against that text get + log(s)).
+
+Image tokens attend to each other everywhere, across region borders: the regions' content is placed by the
+text each image token reads, while the picture stays one coherent image (restricting image-to-image attention
+as well leaves visible seams at the borders, and InvokeAI's FLUX.1 rule keeps it whole too). The text of two
+prompts never mixes.
+
+Exact cases, by construction: with no global prompt, one region whose mask covers the whole image is the
+plain run of its prompt (no mask is formed); a region whose mask is empty at latent resolution (or whose
+strength is 0) is left out, so a global prompt plus an empty region is the plain run of the global prompt.
+A mask pixel counts for a latent token when at least half of the token's 16 x 16 pixels are white (area
+average >= 0.5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import Flux2Error
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region: its prompt's encoding [1, T, C] and its mask [H, W] (1 = the region), any resolution."""
+
+    embeds: torch.Tensor
+    mask: torch.Tensor
+    strength: float = 1.0
+
+    def __post_init__(self) -> None:
+        s = self.strength
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s <= 10:
+            raise Flux2Error(
+                f"region strength {s} is not allowed: use a number from 0 (off) to 10, 1 being plain"
+            )
+        if self.embeds.ndim != 3 or self.embeds.shape[0] != 1:
+            raise Flux2Error(
+                f"a region's conditioning has shape {list(self.embeds.shape)}, not [1, tokens, width]: "
+                "encode one prompt per region"
+            )
+        if self.mask.ndim not in (2, 3) or (self.mask.ndim == 3 and self.mask.shape[0] != 1):
+            raise Flux2Error(
+                f"a region's mask has shape {list(self.mask.shape)}, not [height, width]: give one mask"
+            )
+
+
+@dataclass(frozen=True)
+class RegionalPrompt:
+    """The global prompt's encoding [1 or B, T0, C] (T0 = 0: none) and the regions, in order."""
+
+    global_embeds: torch.Tensor
+    regions: tuple[Region, ...]
+
+    def add(self, region: Region) -> RegionalPrompt:
+        if region.embeds.shape[-1] != self.global_embeds.shape[-1]:
+            raise Flux2Error(
+                f"the region's conditioning is {region.embeds.shape[-1]} wide, the rest "
+                f"{self.global_embeds.shape[-1]}: encode every prompt with the same text encoder"
+            )
+        return RegionalPrompt(self.global_embeds, (*self.regions, region))
+
+    @property
+    def has_global(self) -> bool:
+        return self.global_embeds.shape[1] > 0
+
+
+def latent_region_mask(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """[rows * cols] bool: the latent tokens a pixel mask covers (area average >= 0.5)."""
+    m = mask.float().reshape(1, 1, *mask.shape[-2:])
+    return (F.interpolate(m, size=grid, mode="area")[0, 0] >= 0.5).flatten()
+
+
+def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
+    """(the joined text conditioning [B, T, C], the additive attention mask [T + N, T + N] over
+    ``[text; image]`` in ``dtype`` or None when the run is a plain one)."""
+    glob = prompt.global_embeds
+    kept = [(r, latent_region_mask(r.mask, grid)) for r in prompt.regions if r.strength > 0]
+    kept = [(r, m) for r, m in kept if bool(m.any())]
+    if not kept:
+        if not prompt.has_global:
+            raise Flux2Error(
+                "no prompt is left: every region's mask is empty at this size (or its strength 0) and there "
+                "is no global prompt; paint the masks, or connect a global prompt"
+            )
+        return glob, None
+    batch = glob.shape[0]
+    texts = [glob] + [r.embeds.to(glob).expand(batch, -1, -1) for r, _ in kept]
+    context = torch.cat(texts, dim=1)
+    if not prompt.has_global and len(kept) == 1 and bool(kept[0][1].all()) and kept[0][0].strength == 1.0:
+        return context, None  # one region over the whole image: the plain run of its prompt
+    n_img, t0 = grid[0] * grid[1], glob.shape[1]
+    total = context.shape[1] + n_img
+    img = slice(context.shape[1], total)
+    allowed = torch.zeros(total, total, dtype=torch.bool)
+    bias = torch.zeros(total, total, dtype=torch.float32)
+    allowed[:t0, :t0] = True
+    allowed[:t0, img] = True
+    allowed[img, img] = True
+    allowed[img, :t0] = True
+    start = t0
+    for region, inside in kept:
+        text = slice(start, start + region.embeds.shape[1])
+        allowed[text, text] = True
+        allowed[text, img] = inside[None, :]
+        allowed[img, text] = inside[:, None]
+        if region.strength != 1.0:
+            bias[img, text] += torch.where(inside[:, None], math.log(region.strength), 0.0)
+        start = text.stop
+    bias = bias.masked_fill(~allowed, -math.inf)
+    return context, bias.to(device, dtype)

@@ -1,0 +1,182 @@
+"""Regional prompts (flux2_core/steering/regions.py): the mask against the rule written out by hand, one
+attention call against the formula, the exact cases against diffusers and our own plain runs, CFG's
+unmasked negative pass, and the refusals."""
+
+import math
+
+import pytest
+import torch
+from parity_helpers import as_diffusers_latents, diffusers_run
+from tiny_dit import make_diffusers_dit, write_bfl_file
+from tiny_vae import make_diffusers_vae, random_vae_state_dict
+from tiny_vae import write_bfl_file as write_vae_file
+
+from flux2_core.dit.attention import KeyBias
+from flux2_core.dit.files import load_transformer
+from flux2_core.dit.layers import joint_attention
+from flux2_core.errors import Flux2Error
+from flux2_core.references import ReferenceLatents
+from flux2_core.sampling import SampleRequest, SampleSettings, sample
+from flux2_core.steering.regions import Region, RegionalPrompt, latent_region_mask, regional_plan
+from flux2_core.vae.autoencoder import load_vae
+
+TOLERANCE = 1e-4  # against diffusers, as the pipeline parity
+INF = -math.inf
+
+
+def _embeds(seed, tokens=40):
+    return torch.randn(1, tokens, 24, generator=torch.Generator().manual_seed(seed))
+
+
+NONE = torch.zeros(1, 0, 24)
+
+
+def test_the_mask_is_the_rule_written_out():
+    # a 1 x 2 latent grid (image tokens i0 left, i1 right), a global prompt of 2 tokens (g), region A of 1
+    # token over the left half (a), region B of 1 token over the right half at strength 2 (b)
+    left = torch.tensor([[1.0] * 16 + [0.0] * 16] * 16)
+    regions = RegionalPrompt(
+        _embeds(0, 2), (Region(_embeds(1, 1), left), Region(_embeds(2, 1), 1 - left, 2.0))
+    )
+    context, bias = regional_plan(regions, (1, 2), torch.float32, "cpu")
+    assert context.shape == (1, 4, 24)
+    log2 = math.log(2.0)
+    #                 g0   g1   a    b    i0   i1      (keys)
+    expected = torch.tensor([
+        [0.0, 0.0, INF, INF, 0.0, 0.0],  # g0: the global text and every image token
+        [0.0, 0.0, INF, INF, 0.0, 0.0],  # g1
+        [INF, INF, 0.0, INF, 0.0, INF],  # a: itself and the image inside its mask
+        [INF, INF, INF, 0.0, INF, 0.0],  # b
+        [0.0, 0.0, 0.0, INF, 0.0, 0.0],  # i0 (left): global, a, every image token
+        [0.0, 0.0, INF, log2, 0.0, 0.0],  # i1 (right): global, b at strength 2, every image token
+    ])  # fmt: skip
+    assert torch.equal(bias, expected)
+
+
+def test_latent_masks_count_a_token_when_half_its_pixels_are_white():
+    mask = torch.zeros(32, 32)
+    mask[:, :8] = 1  # half of each token of the left column: they count
+    mask[:16, 16:] = 1  # all of the top right token
+    mask[16:, 16:20] = 1  # a quarter of the bottom right token: it does not
+    assert latent_region_mask(mask, (2, 2)).tolist() == [True, True, True, False]
+
+
+def test_one_attention_under_the_mask_is_the_formula():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 16, generator=g) for _ in range(3))
+    left = torch.tensor([[1.0] * 16 + [0.0] * 16] * 16)
+    regions = RegionalPrompt(_embeds(0, 2), (Region(_embeds(1, 2), left, 0.5),))
+    _, bias = regional_plan(regions, (1, 2), torch.float32, "cpu")
+    rope = torch.stack([torch.ones(6, 8), torch.zeros(6, 8)], -1)  # the identity rotation
+    got = joint_attention(q.clone(), k.clone(), v, rope, num_txt=4, attn_bias=KeyBias(own=bias))
+    logits = q.double() @ k.double().transpose(-1, -2) / 4.0 + bias.double()
+    expected = (logits.softmax(-1) @ v.double()).permute(0, 2, 1, 3).flatten(2)
+    torch.testing.assert_close(got, expected.float(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("regions")
+    path = write_bfl_file(make_diffusers_dit(seed=3), root / "flux-2-klein-4b.safetensors")
+    vae_sd = random_vae_state_dict(seed=4)
+    vae = load_vae(write_vae_file(vae_sd, root / "flux2-vae.safetensors"))
+    return {"path": path, "vae": make_diffusers_vae(vae_sd), "ours": vae}
+
+
+SETTINGS = SampleSettings(64, 96, 4, 1.0, 5)
+FULL, EMPTY = torch.ones(96, 64), torch.zeros(96, 64)
+LEFT = torch.cat([torch.ones(96, 32), torch.zeros(96, 32)], dim=1)
+
+
+def _run(model, positive, regions=None, variant="distilled", settings=SETTINGS, negative=None):
+    dit = load_transformer(model["path"], variant=variant)
+    return sample(SampleRequest(dit, positive, settings, negative=negative, regions=regions))
+
+
+def _diffusers(model, positive, settings=SETTINGS):
+    return diffusers_run(make_diffusers_dit(seed=3), model["vae"], "distilled", settings, positive)
+
+
+def _ours_as_diffusers(model, latents):
+    return as_diffusers_latents(latents, model["ours"])
+
+
+def test_one_region_over_the_whole_image_is_the_plain_run_of_its_prompt(model):
+    a = _embeds(10)
+    got = _run(model, NONE, RegionalPrompt(NONE, (Region(a, FULL),)))
+    assert torch.equal(got, _run(model, a))
+    expected = _diffusers(model, a)
+    assert (_ours_as_diffusers(model, got) - expected).abs().max().item() <= TOLERANCE
+
+
+def test_a_global_prompt_with_an_empty_region_is_the_plain_run_of_the_global_prompt(model):
+    glob, a = _embeds(11), _embeds(12)
+    got = _run(model, glob, RegionalPrompt(glob, (Region(a, EMPTY),)))
+    assert torch.equal(got, _run(model, glob))
+    assert (_ours_as_diffusers(model, got) - _diffusers(model, glob)).abs().max().item() <= TOLERANCE
+
+
+def test_a_region_at_strength_zero_is_left_out(model):
+    glob, a, b = _embeds(13), _embeds(14), _embeds(15)
+    with_b = RegionalPrompt(glob, (Region(a, LEFT), Region(b, 1 - LEFT, 0.0)))
+    assert torch.equal(_run(model, glob, with_b), _run(model, glob, RegionalPrompt(glob, (Region(a, LEFT),))))
+
+
+def test_the_masked_whole_image_region_equals_the_plain_run_within_rounding(model):
+    # strength just under 1 takes the mask path: the mask itself is then checked against the plain run
+    a = _embeds(16)
+    got = _run(model, NONE, RegionalPrompt(NONE, (Region(a, FULL, 1 - 1e-7),)))
+    torch.testing.assert_close(got, _run(model, a), atol=1e-4, rtol=0)
+
+
+def test_regions_place_their_prompts(model):
+    glob, a, b = _embeds(17), _embeds(18), _embeds(19)
+    plain = _run(model, glob)
+    one = _run(model, glob, RegionalPrompt(glob, (Region(a, LEFT),)))
+    two = _run(model, glob, RegionalPrompt(glob, (Region(a, LEFT), Region(b, 1 - LEFT))))
+    assert (one - plain).abs().mean() > 1e-3 and (two - one).abs().mean() > 1e-3
+
+
+def test_the_negative_pass_stays_unmasked(model, monkeypatch):
+    dit = load_transformer(model["path"], variant="base")
+    net, masks = dit.transformer, []
+    forward = net.forward
+    monkeypatch.setattr(
+        net, "forward", lambda *a, **kw: masks.append(kw.get("attn_mask")) or forward(*a, **kw)
+    )
+    glob, a = _embeds(20), _embeds(21)
+    settings = SampleSettings(64, 96, 2, 4.0, 6)
+    request = SampleRequest(
+        dit, glob, settings, negative=_embeds(22), regions=RegionalPrompt(glob, (Region(a, LEFT),))
+    )
+    sample(request)
+    assert [m is not None for m in masks] == [True, False] * 2  # positive (masked), negative: every step
+
+
+def test_regions_and_references_are_refused_together(model):
+    dit = load_transformer(model["path"], variant="distilled")
+    glob = _embeds(23)
+    refs = ReferenceLatents.from_latents([torch.randn(1, 128, 4, 4)])
+    with pytest.raises(Flux2Error, match="regional prompts and reference images cannot be combined"):
+        SampleRequest(
+            dit, glob, SETTINGS, references=refs, regions=RegionalPrompt(glob, (Region(_embeds(1), LEFT),))
+        )
+
+
+def test_no_prompt_left_is_refused(model):
+    with pytest.raises(Flux2Error, match="no prompt is left"):
+        _run(model, NONE, RegionalPrompt(NONE, (Region(_embeds(1), EMPTY),)))
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: Region(_embeds(1), LEFT, -1.0), "region strength -1.0"),
+        (lambda: Region(torch.zeros(2, 4, 24), LEFT), "encode one prompt per region"),
+        (lambda: Region(_embeds(1), torch.zeros(2, 8, 8)), "give one mask"),
+        (lambda: RegionalPrompt(NONE, ()).add(Region(torch.zeros(1, 4, 12), LEFT)), "same text encoder"),
+    ],
+)
+def test_bad_regions_are_refused_by_name(make, message):
+    with pytest.raises(Flux2Error, match=message):
+        make()
