@@ -55,6 +55,8 @@ def check_fill_args(args: argparse.Namespace) -> None:
         )
     refused = {
         "--reference": bool(args.reference),
+        "--reference-strength": bool(args.reference_strength),
+        "--region": bool(args.region),
         "--negative": args.negative is not None,
         "--lora": bool(args.lora),
         "--offload stream": args.offload != "none",

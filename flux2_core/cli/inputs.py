@@ -208,9 +208,9 @@ def save_images(outputs: list[torch.Tensor], output: Path) -> list[Path]:
     return [path for _, path in named]
 
 
-def open_mask(path: str, size: tuple[int, int]) -> torch.Tensor:
+def open_mask(path: str, size: tuple[int, int] | None) -> torch.Tensor:
     """A mask file (white = repaint; grey, RGB or with alpha: its luminance) -> [H, W] in 0..1 for an image of
-    ``size`` (width, height)."""
+    ``size`` (width, height; None: any size, scaled where it is used)."""
     try:
         with Image.open(path) as image:
             image = ImageOps.exif_transpose(image)
@@ -222,7 +222,7 @@ def open_mask(path: str, size: tuple[int, int]) -> torch.Tensor:
         raise Flux2Error(f"the mask {path} is refused as a possible decompression bomb ({e})") from None
     except (OSError, ValueError) as e:
         raise Flux2Error(f"could not read the mask {path} ({e}): use a PNG (white = repaint)") from None
-    if values.shape[::-1] != tuple(size):
+    if size is not None and values.shape[::-1] != tuple(size):
         height, width = values.shape
         raise Flux2Error(
             f"the mask {path} is {width}x{height} but the image is {size[0]}x{size[1]}: use a "
@@ -271,6 +271,11 @@ def read_loras(values: list[str]) -> list[tuple[object, float]]:
             raise Flux2Error(f"--lora {value}: {path} is not a file: give the path of a LoRA .safetensors")
         loras.append((read_lora(path), strength))
     return loras
+
+
+def read_regions(values: list[list[str]]) -> list[tuple[str, torch.Tensor]]:
+    """``--region PROMPT MASK`` values -> [(prompt, mask [H, W] in 0..1)], the masks read now."""
+    return [(text, open_mask(path, None)) for text, path in values]
 
 
 def reference_strengths(values: list[float], count: int) -> tuple:

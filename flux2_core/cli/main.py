@@ -54,7 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--vae", default=None, help=f"VAE: {where} (FLUX.2: flux2-vae, FLUX.1 Fill: ae); default: as for "
         "--text-encoder (FLUX.2)",
     )  # fmt: skip
-    gen.add_argument("--prompt", action="append", required=True, help="repeat for one output per prompt")
+    gen.add_argument(
+        "--prompt", action="append", default=[],
+        help="repeat for one output per prompt; with --region, the global prompt (may be left out)",
+    )  # fmt: skip
+    gen.add_argument(
+        "--region", nargs=2, action="append", default=[], metavar=("PROMPT", "MASK"),
+        help="a prompt for the part of the picture a mask image shows (white = the region); repeat for more",
+    )  # fmt: skip
     gen.add_argument(
         "--negative", default=None, help="negative prompt for base models (default: empty prompt)"
     )

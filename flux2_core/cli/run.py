@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from ..configs import FLUX2, Flux2Config, Variant, describe
 from ..devices.streaming import BLOCKS_IN_FLIGHT, disable_streaming, enable_streaming
 from ..dit.files import DIT_SPEC, transformer_variant
 from ..dit.step_cache import check_threshold
-from ..dit.transformer import Flux2Model, compile_blocks
+from ..dit.transformer import REGIONS_AND_REFERENCES, Flux2Model, compile_blocks
 from ..errors import Flux2Error
 from ..limits import MAX_FILL_GUIDANCE, MAX_GUIDANCE, check_request, check_seed
 from ..lora import prepare_lora
@@ -42,6 +42,7 @@ from ..sampling import (
     sample,
     sampling_memory,
 )
+from ..steering.regions import Region, RegionalPrompt
 from ..text.encoder import load_text_encoder, text_encoder_spec_for
 from ..vae.autoencoder import load_vae
 from ..vae.tiling import check_tiling
@@ -72,6 +73,7 @@ class Request:
     loras: list[tuple[object, float]]  # (LoraFile, strength)
     tiles: dict  # the VAE's tile_size and tile_overlap
     strengths: tuple = ()  # ReferenceStrength of each reference image (empty: every one plain)
+    regions: list = field(default_factory=list)  # (prompt, mask [H, W]) of each --region
 
 
 @dataclass
@@ -124,6 +126,11 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     )
     max_pixels = args.reference_max_pixels or MAX_REFERENCE_PIXELS
     strengths = inputs.reference_strengths(args.reference_strength, len(args.reference))
+    if not args.prompt and not args.region:
+        raise Flux2Error("give a prompt: --prompt TEXT (or --region PROMPT MASK for regional prompts)")
+    if args.region and args.reference:
+        raise Flux2Error(REGIONS_AND_REFERENCES.replace("the regions", "the --region options"))
+    regions = inputs.read_regions(args.region)
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
     edit = prepare_edit(args, max_pixels)
@@ -135,7 +142,7 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     if not fill and args.resident_mb < 0:
         raise Flux2Error(f"--resident-mb {args.resident_mb} is negative: give 0 (stream every block) or more")
     return Request(
-        args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles, strengths
+        args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles, strengths, regions
     )
 
 
@@ -207,7 +214,7 @@ def encode_prompts(request: Request, plan: Plan, ranks: Ranks) -> tuple[Flux2Mod
     if encoder is not None:
         check_conditioning(model, torch.empty(1, 1, encoder.output_dim), f"text encoder ({encoder.name})")
         with torch.inference_mode():
-            conditioning = encoder.encode(_texts(args, model, plan)).cpu()
+            conditioning = encoder.encode(_texts(args, model, plan, request.regions)).cpu()
     conditioning = ranks.share_text(conditioning)
     del encoder
     inputs.release(device)
@@ -218,9 +225,10 @@ def _uses_cfg(model: Flux2Model, plan: Plan) -> bool:
     return model.variant.uses_cfg and plan.settings.guidance > 1.0
 
 
-def _texts(args: argparse.Namespace, model: Flux2Model, plan: Plan) -> list[str]:
-    """Every prompt, then the negative one when classifier-free guidance runs."""
-    return list(args.prompt) + ([args.negative or ""] if _uses_cfg(model, plan) else [])
+def _texts(args: argparse.Namespace, model: Flux2Model, plan: Plan, regions=()) -> list[str]:
+    """Every prompt, every region's, then the negative one when classifier-free guidance runs."""
+    texts = list(args.prompt) + [text for text, _ in regions]
+    return texts + ([args.negative or ""] if _uses_cfg(model, plan) else [])
 
 
 def encode_images(request: Request, plan: Plan, ranks: Ranks):
@@ -251,17 +259,25 @@ def sample_prompts(request, plan, model, conditioning, references, start, mask, 
         settings.height, settings.steps, settings.guidance, args.seed,
         f", strength {edit.strength:g}" if edit else "",
     )  # fmt: skip
-    negative = conditioning[len(args.prompt) :] if _uses_cfg(model, plan) else None
+    prompts, regions = len(args.prompt), len(request.regions)
+    negative = conditioning[prompts + regions :] if _uses_cfg(model, plan) else None
     kv_cache = None
     if model.variant.kv_cache and references is not None and len(references):
         kv_cache = encode_reference_kv(model, references)  # once, for every prompt
     results = []
-    for k in range(len(args.prompt)):
+    for k in range(max(prompts, 1)):  # regions without a global prompt: one run
+        positive = conditioning[k : k + 1] if prompts else conditioning[:1, :0]
+        regional = None
+        if regions:
+            masks = [mask for _, mask in request.regions]
+            parts = conditioning[prompts : prompts + regions].split(1)
+            regional = RegionalPrompt(positive, tuple(Region(c, m) for c, m in zip(parts, masks)))
         with tqdm(total=settings.steps, unit="step", disable=None if ranks.is_main else True) as bar:
             run = SampleRequest(
                 model,
-                conditioning[k : k + 1],
+                positive,
                 settings,
+                regions=regional,
                 negative=negative,
                 references=references,
                 callback=lambda done, total, x0: bar.update(1),

@@ -263,3 +263,55 @@ def test_bad_reference_strengths_are_refused_before_loading(files, tmp_path, cap
     extra = [_reference(tmp_path) if x == "R" else x for x in extra]
     code, out = _run(files, tmp_path, *extra)
     assert code == 2 and not out.exists() and message in caplog.text
+
+
+def _mask(tmp_path, name, left: bool):
+    pixels = np.zeros((64, 64), dtype=np.uint8)
+    pixels[:, :32] = 255
+    path = tmp_path / name
+    Image.fromarray(pixels if left else 255 - pixels).save(path)
+    return str(path)
+
+
+def test_regions_on_the_command_line(files, tmp_path):
+    size = ["--width", "64", "--height", "64", "--steps", "2"]
+    whole = tmp_path / "whole.png"
+    Image.fromarray(np.full((48, 48), 255, dtype=np.uint8)).save(whole)  # any size: scaled to the output
+    p = files["paths"]
+    base = [
+        "generate",
+        "--model",
+        str(p["model"]),
+        "--text-encoder",
+        str(p["text_encoder"]),
+        "--vae",
+        str(p["vae"]),
+    ]
+    # no global prompt, one region over the whole picture: the plain run of its prompt
+    assert main([*base, "--region", "a cat", str(whole), "--output", str(tmp_path / "r.png"), *size]) == 0
+    assert main([*base, "--prompt", "a cat", "--output", str(tmp_path / "p.png"), *size]) == 0
+    assert np.array_equal(
+        np.asarray(Image.open(tmp_path / "r.png")), np.asarray(Image.open(tmp_path / "p.png"))
+    )
+    # a global prompt and two regions
+    left, right = _mask(tmp_path, "l.png", True), _mask(tmp_path, "r.png", False)
+    code, out = _run(files, tmp_path, *size, "--region", "a cat", left, "--region", "a dog", right)
+    assert code == 0 and out.exists()
+
+
+def test_regions_without_any_prompt_or_with_references_are_refused(files, tmp_path, caplog):
+    p = files["paths"]
+    base = [
+        "generate",
+        "--model",
+        str(p["model"]),
+        "--text-encoder",
+        str(p["text_encoder"]),
+        "--vae",
+        str(p["vae"]),
+    ]
+    assert main([*base, "--output", str(tmp_path / "x.png")]) == 2 and "give a prompt" in caplog.text
+    code, _ = _run(
+        files, tmp_path, "--region", "a", _mask(tmp_path, "m.png", True), "--reference", _reference(tmp_path)
+    )
+    assert code == 2 and "regional prompts and reference images cannot be combined" in caplog.text
