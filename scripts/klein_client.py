@@ -49,7 +49,9 @@ NATIVE_SAMPLER, NATIVE_NOISE, KSAMPLER = "SamplerCustomAdvanced", "RandomNoise",
 GUIDER_INPUTS = {"CFGGuider": {"positive": "positive", "negative": "negative"},
                  "BasicGuider": {"positive": "conditioning"}}  # fmt: skip
 # nodes a conditioning passes through unchanged in text, on its way from the text encode to the guider
-CONDITIONING_PASSTHROUGH = ("Flux2KleinToNativeConditioning", "ReferenceLatent", "FluxGuidance")
+CONDITIONING_PASSTHROUGH = (  # followed through their "conditioning" input (regions: to the global prompt)
+    "Flux2KleinToNativeConditioning", "ReferenceLatent", "FluxGuidance", "Flux2KleinRegionalPrompt",
+)  # fmt: skip
 TEXT_ENCODE = ("Flux2KleinTextEncode", "Flux1FillTextEncode")
 REFERENCE_ENCODE = "Flux2KleinReferenceEncode"
 LOAD_IMAGE = "LoadImage"

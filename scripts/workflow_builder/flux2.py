@@ -32,6 +32,8 @@ def build(r: Recipe) -> Graph:
     g = Graph(r.name)
     model, te, te_slot, vae = _models(g, r)
     positive, negative = _prompts(g, r, te, te_slot)
+    if r.regions:
+        positive = _regions(g, r, te, te_slot, positive)
     refs = _references(g, r, vae)
     if r.sampling is not Sampling.OURS:
         sampler = _native_sampling(g, r, model, positive, negative)
@@ -81,6 +83,36 @@ def _prompts(g: Graph, r: Recipe, te: Node, te_slot: int) -> tuple[Node, Node | 
         negative = prompt(g, "Flux2KleinTextEncode", r.negative, te, te_slot, negative=True)
     g.group("Prompt", *[n for n in (positive, negative) if n is not None])
     return positive, negative
+
+
+def _regions(g: Graph, r: Recipe, te: Node, te_slot: int, positive: Node) -> Node:
+    """The left and right halves as masks (Create Solid Mask, Combine Masks, Invert Mask), a prompt for each
+    and FLUX.2 Regional Prompt chained onto the global prompt; returns the last Regional Prompt."""
+    size = 1024  # any size: the sampler scales each mask to its latent grid
+    canvas = g.add("SolidMask", (X_LOAD, Y_IMAGES), (300, 110), {"value": 0.0, "width": size, "height": size})
+    half = g.add("SolidMask", (X_LOAD, Y_IMAGES + 140), (300, 110),
+                 {"value": 1.0, "width": size // 2, "height": size})  # fmt: skip
+    left = g.add("MaskComposite", (X_LOAD, Y_IMAGES + 280), (300, 130),
+                 {"x": 0, "y": 0, "operation": "add"}, title="Left half")  # fmt: skip
+    g.connect(canvas, left, "destination")
+    g.connect(half, left, "source")
+    right = g.add("InvertMask", (X_LOAD, Y_IMAGES + 440), (300, 60), title="Right half")
+    g.connect(left, right, "mask")
+    g.group("Region masks (replace with Load Image (as Mask), or paint them)", canvas, half, left, right)
+    chain, nodes = positive, []
+    for i, (text, mask) in enumerate(zip(r.regions, (left, right))):
+        encode = g.add("Flux2KleinTextEncode", (X_ENCODE, Y_IMAGES + 240 * i), (440, 140), {"text": text},
+                       title=f"Region {i + 1} prompt")  # fmt: skip
+        g.connect(te, encode, "text_encoder", src_slot=te_slot)
+        region = g.add("Flux2KleinRegionalPrompt", (X_ENCODE, Y_IMAGES + 520 + 140 * i), (300, 100),
+                       {"strength": 1.0}, title=f"Region {i + 1}")  # fmt: skip
+        g.connect(encode, region, "region")
+        g.connect(mask, region, "mask")
+        g.connect(chain, region, "conditioning")
+        chain = region
+        nodes += [encode, region]
+    g.group("Regions", *nodes)
+    return chain
 
 
 def _references(g: Graph, r: Recipe, vae: Node) -> Node | None:

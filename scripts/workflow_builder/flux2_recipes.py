@@ -127,6 +127,28 @@ RECIPES = (
         ),
     ),
     Recipe(
+        name="flux2_klein_4b_regional_prompt",
+        title="FLUX.2 [klein] 4B: a prompt per region",
+        summary=(
+            "Text to image with a global prompt for the whole picture and a prompt for each half, with "
+            "the distilled klein 4B model. Each *FLUX.2 Regional Prompt* puts its prompt where its mask is "
+            "white: the region's text reaches only the image inside the mask, while the whole picture reads "
+            "the global prompt and stays one coherent image. The masks here are the left and right halves; "
+            "replace them with *Load Image (as Mask)* or paint your own (any size: they are scaled). Chain "
+            "more regions onto the last one; `strength` (1 = plain) sets how much a region's prompt counts."
+        ),
+        **KLEIN_4B,
+        prompt="A cosy living room in the evening, warm lamp light, photograph",
+        regions=(
+            "a ginger cat asleep on a green velvet armchair",
+            "a tall bookshelf full of old books and a potted fern",
+        ),
+        settings=(
+            f"{DISTILLED_SETTINGS}\n\nRegions cannot be combined with reference images; the negative "
+            "prompt of base models stays one plain prompt (its pass is not masked)."
+        ),
+    ),
+    Recipe(
         name="flux2_klein_9b_kv_edit",
         title="FLUX.2 [klein] 9B-KV: fast reference editing",
         summary=(

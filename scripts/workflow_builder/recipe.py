@@ -59,3 +59,5 @@ class Recipe:
     sampling: Sampling = Sampling.OURS
     # (strength, start, end) of each reference's Reference Encode; () leaves every one at its defaults
     reference_strengths: tuple[tuple[float, float, float], ...] = ()
+    # two region prompts, over the left and the right half (FLUX.2 Regional Prompt, onto the prompt)
+    regions: tuple[str, ...] = ()

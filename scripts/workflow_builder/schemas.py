@@ -111,6 +111,19 @@ NATIVE_SPECS: dict[str, NodeSpec] = {
         outputs=(("images", "IMAGE"),),
     ),
     "MarkdownNote": NodeSpec("Markdown Note", widgets=(Widget("text", "STRING"),), frontend_only=True),
+    # masks (the regional-prompt workflow)
+    "SolidMask": NodeSpec(
+        "Create Solid Mask",
+        widgets=(Widget("value", "FLOAT"), Widget("width", "INT"), Widget("height", "INT")),
+        outputs=(("MASK", "MASK"),),
+    ),
+    "MaskComposite": NodeSpec(
+        "Combine Masks",
+        inputs=(Socket("destination", "MASK"), Socket("source", "MASK")),
+        widgets=(Widget("x", "INT"), Widget("y", "INT"), Widget("operation", "COMBO")),
+        outputs=(("MASK", "MASK"),),
+    ),
+    "InvertMask": NodeSpec("Invert Mask", inputs=(Socket("mask", "MASK"),), outputs=(("MASK", "MASK"),)),
     # native sampling (the native-sampler workflows)
     "BasicGuider": NodeSpec(
         "Basic Guider",

@@ -83,6 +83,12 @@ NATIVE.update({  # native sampling, in the native-sampler workflows
                   "widgets": ["reuse_threshold", "start_percent", "end_percent", "verbose"],
                   "outputs": ["MODEL"]},
 })  # fmt: skip
+NATIVE.update({  # masks, in the regional-prompt workflow
+    "SolidMask": {"inputs": {}, "widgets": ["value", "width", "height"], "outputs": ["MASK"]},
+    "MaskComposite": {"inputs": {"destination": ("MASK", True), "source": ("MASK", True)},
+                      "widgets": ["x", "y", "operation"], "outputs": ["MASK"]},
+    "InvertMask": {"inputs": {"mask": ("MASK", True)}, "widgets": [], "outputs": ["MASK"]},
+})  # fmt: skip
 FRONTEND_ONLY = {"MarkdownNote": {"widgets": ["text"]}, "Note": {"widgets": ["text"]}}
 SCHEMAS = {**CONTRACT, **NATIVE}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
@@ -93,6 +99,7 @@ KLEIN_NAMES = [
     "flux2_klein_4b_edit",
     "flux2_klein_4b_multi_reference_edit",
     "flux2_klein_4b_edit_reference_strength",
+    "flux2_klein_4b_regional_prompt",
     "flux2_klein_9b_kv_edit",
     "flux2_klein_4b_img2img",
     "flux2_klein_4b_inpaint",
@@ -354,6 +361,7 @@ EXPECTED = {
     "flux2_klein_4b_multi_reference_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 4, False),
     "flux2_klein_9b_kv_edit": ("flux-2-klein-9b-kv", "qwen_3_8b", "kv", 4, 1.0, 0, 2, False),
     "flux2_klein_4b_edit_reference_strength": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 2, False),
+    "flux2_klein_4b_regional_prompt": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 1024, 0, False),
     "flux2_klein_4b_img2img": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_inpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_outpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
@@ -381,6 +389,8 @@ def test_workflow_settings(name):
     model = _through_loras(wf, sampler, "model")["inputs"]
     assert (model["model_name"], model["variant"]) == (f"{dit}.safetensors", variant)
     positive = _source(wf, sampler, "positive")
+    while positive["class_type"] == "Flux2KleinRegionalPrompt":  # regions chained onto the global prompt
+        positive = _source(wf, positive, "conditioning")
     assert _through_loras(wf, positive, "text_encoder")["inputs"]["text_encoder_name"] == f"{te}.safetensors"
     assert positive["inputs"]["text"].strip()
     s = sampler["inputs"]
@@ -877,3 +887,14 @@ def test_the_reference_strength_workflow_gives_its_references_different_strength
                      key=lambda n: "references" in n["inputs"])  # fmt: skip
     weights = [(n["inputs"]["strength"], n["inputs"]["start"], n["inputs"]["end"]) for n in encodes]
     assert weights == [(1.0, 0.0, 1.0), (0.5, 0.0, 0.75)]
+
+
+def test_the_regional_workflow_chains_two_regions_onto_the_global_prompt():
+    wf = api("flux2_klein_4b_regional_prompt")
+    sampler = _sampler(wf)
+    last = wf[sampler["inputs"]["positive"][0]]
+    first = wf[last["inputs"]["conditioning"][0]]
+    assert last["class_type"] == first["class_type"] == "Flux2KleinRegionalPrompt"
+    assert wf[first["inputs"]["conditioning"][0]]["class_type"] == "Flux2KleinTextEncode"
+    masks = {wf[n["inputs"]["mask"][0]]["class_type"] for n in (first, last)}
+    assert masks == {"MaskComposite", "InvertMask"}
