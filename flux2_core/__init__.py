@@ -43,7 +43,7 @@ from .devices.streaming import disable_streaming, enable_streaming, streamer_of
 from .dit.files import load_transformer
 from .dit.kv_cache import RefKVCache
 from .dit.step_cache import MAX_STEP_CACHE, STEP_CACHE_HELP, StepCache
-from .dit.transformer import Flux2Model, Flux2Transformer, compile_blocks
+from .dit.transformer import REGIONS_AND_REFERENCES, Flux2Model, Flux2Transformer, compile_blocks
 from .editing import Stitch, composite, latent_mask, outpaint_canvas, prepare_inpaint
 from .errors import Flux2Error, OutOfMemory
 from .flow import make_noise
@@ -96,7 +96,7 @@ from .sampling import (
 )
 from .steering.reference_strength import MAX_STRENGTH as MAX_REFERENCE_STRENGTH
 from .steering.reference_strength import ReferenceStrength, at_step, step_of
-from .steering.regions import Region, RegionalPrompt
+from .steering.regions import Region, RegionalPrompt, regional_plan
 from .text.encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
 from .vae.autoencoder import AutoEncoder, load_vae
 
@@ -120,6 +120,8 @@ __all__ = [
     "ReferenceStrength",
     "Region",
     "RegionalPrompt",
+    "regional_plan",
+    "REGIONS_AND_REFERENCES",
     "at_step",
     "step_of",
     "VARIANTS",

@@ -263,6 +263,7 @@ def latent_velocity(
     guidance: torch.Tensor | None = None,
     kv_cache: RefKVCache | None = None,
     ref_bias: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One DiT call on latents, the way native ComfyUI calls its FLUX.2 model: ``x`` [B, 128, h, w] at noise
     level ``sigma`` [B] -> the velocity (noise - x0) [B, 128, h, w], float32, on ``x``'s device.
@@ -270,7 +271,8 @@ def latent_velocity(
     ``context`` [B, L, C] (any L), ``references`` [B or 1, 128, h_k, w_k] latents at time offsets 10, 20,
     ... (native's "index" method, ours), ``guidance`` [B] the embedded value (dev; ignored by klein),
     ``kv_cache`` the KV model's reference K/V (``references`` then unused), ``ref_bias`` the bias of the
-    reference keys (``reference_strength``). LoRAs, streaming and interrupt hooks are the caller's, for the
+    reference keys (``reference_strength``), ``attn_mask`` the regional prompts' mask over ``[context;
+    image]`` (``steering.regions``). LoRAs, streaming and interrupt hooks are the caller's, for the
     whole run."""
     net = model.transformer
     device, dtype = net.device, net.dtype
@@ -283,6 +285,8 @@ def latent_velocity(
         kw["guidance"] = guidance.float().to(device).reshape(-1).expand(b)
     if ref_bias is not None:
         kw["ref_bias"] = ref_bias
+    if attn_mask is not None:
+        kw["attn_mask"] = attn_mask
     refs = None
     if kv_cache is None and references:
         packed = torch.cat([pack(lat) for lat in references], dim=1).to(device, dtype)

@@ -18,7 +18,7 @@ import comfy.supported_models
 import torch
 
 from ..flux2_core import Flux2Error
-from .types import REFERENCE_STRENGTHS
+from .types import REFERENCE_STRENGTHS, REGIONAL_PROMPT
 
 NATIVE_KEY = "flux2_klein"
 WEIGHT_PATCHES_REFUSED = (
@@ -42,6 +42,9 @@ class Flux2KleinNativeModel(comfy.model_base.Flux2):
         strengths = kwargs.get(REFERENCE_STRENGTHS)
         if strengths:  # our references' strengths reach the diffusion model's call as a keyword
             out[REFERENCE_STRENGTHS] = comfy.conds.CONDConstant(tuple(strengths))
+        regions = kwargs.get(REGIONAL_PROMPT)
+        if regions is not None:  # and our regional prompt (the positive pass only: the negative has none)
+            out[REGIONAL_PROMPT] = comfy.conds.CONDConstant(regions)
         return out
 
     def memory_required(self, input_shape, cond_shapes={}):  # noqa: B006  (native's signature)

@@ -30,6 +30,7 @@ import torch
 
 from ..flux2_core import (
     FLUX2,
+    REGIONS_AND_REFERENCES,
     Flux2Error,
     ReferenceLatents,
     SampleSettings,
@@ -38,10 +39,11 @@ from ..flux2_core import (
     estimate_memory,
     latent_velocity,
     model_run,
+    regional_plan,
     step_of,
 )
 from . import host
-from .types import REFERENCE_STRENGTHS
+from .types import REFERENCE_STRENGTHS, REGIONAL_PROMPT
 
 WRAPPER_KEY = "flux2_klein"
 
@@ -76,6 +78,11 @@ class NativeDiT(torch.nn.Module):
                 "places references by index (remove the reference-method node, or set it to index)"
             )
         model = self.klein.core
+        regions, mask = kwargs.get(REGIONAL_PROMPT), None
+        if regions is not None:
+            if ref_latents:
+                raise Flux2Error(REGIONS_AND_REFERENCES)
+            context, mask = self._regional(model, regions, x)
         bias = None
         strengths = kwargs.get(REFERENCE_STRENGTHS)
         if ref_latents and strengths:
@@ -83,7 +90,18 @@ class NativeDiT(torch.nn.Module):
         kv = None
         if ref_latents and model.variant.kv_cache:
             kv = self._reference_kv(model, ref_latents)
-        return latent_velocity(model, x, timestep, context, ref_latents or None, guidance, kv, bias)
+        return latent_velocity(model, x, timestep, context, ref_latents or None, guidance, kv, bias, mask)
+
+    def _regional(self, model, regions, x):
+        """(the joined prompts for ``x``'s batch, the regional mask at ``x``'s latent size), built once per
+        regional prompt and size (every step and block of a run reuse them)."""
+        key = (id(regions), tuple(x.shape[-2:]))
+        if getattr(self, "_plan_key", None) != key:
+            net = model.transformer
+            self._plan = regional_plan(regions, tuple(x.shape[-2:]), net.dtype, net.device)
+            self._plan_key, self._plan_of = key, regions  # kept alive with the key, so the id stays its own
+        context, mask = self._plan
+        return context.expand(x.shape[0], -1, -1), mask
 
     @staticmethod
     def _at_step(model, ref_latents, strengths, timestep, transformer_options):

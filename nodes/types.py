@@ -14,10 +14,12 @@ from typing import Any
 import torch
 
 from ..flux2_core import (
+    REGIONS_AND_REFERENCES,
     AutoEncoder,
     FillTextEncoder,
     Flux1AutoEncoder,
     Flux1FillModel,
+    Flux2Error,
     Flux2Model,
     RegionalPrompt,
     TextEncoder,
@@ -30,6 +32,8 @@ CONDITIONING = "FLUX2_KLEIN_CONDITIONING"
 REFERENCES = "FLUX2_KLEIN_REFERENCES"  # payload: flux2_core.references.ReferenceLatents
 # the key of native conditioning options holding our references' strengths (a tuple of ReferenceStrength)
 REFERENCE_STRENGTHS = "flux2_klein_reference_strengths"
+# ... and our regional prompt (a RegionalPrompt), which our native model joins and masks at its latent size
+REGIONAL_PROMPT = "flux2_klein_regional_prompt"
 STITCH = "FLUX2_KLEIN_STITCH"  # payload: flux2_core.editing.Stitch (what the composite needs)
 IMAGE = "IMAGE"  # core: [B, H, W, 3] float 0..1
 MASK = "MASK"  # core: [B, H, W] float 0..1, 1 = repaint (as SetLatentNoiseMask and LoadImage's mask)
@@ -103,6 +107,10 @@ class KleinConditioning:
         (``ReferenceLatents``) also their latents, as native ``ReferenceLatent`` adds them, and, unless every
         one is plain, their strengths (``REFERENCE_STRENGTHS``, read by our native model)."""
         options = {"pooled_output": None}
+        if self.regions is not None:
+            if references is not None and len(references):
+                raise Flux2Error(REGIONS_AND_REFERENCES)
+            options[REGIONAL_PROMPT] = self.regions
         if references is not None and len(references):
             options["reference_latents"] = references.latents()
             if not references.plain:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ..errors import Flux2Error
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: its fields are tensors
 class Region:
     """One region: its prompt's encoding [1, T, C] and its mask [H, W] (1 = the region), any resolution."""
 
@@ -58,7 +58,7 @@ class Region:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RegionalPrompt:
     """The global prompt's encoding [1 or B, T0, C] (T0 = 0: none) and the regions, in order."""
 

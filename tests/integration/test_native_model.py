@@ -400,3 +400,27 @@ def test_reference_strengths_reach_native_sampling_through_the_conditioning_brid
     assert diff(got["native_off"], got["no_references"]) == 0  # strength 0: the text-to-image call
     assert np.abs(got["ours_half"] - got["ours_plain"]).mean() > 1  # the strength changes the picture
     assert np.abs(got["ours_early"] - got["ours_half"]).mean() > 1
+
+
+def test_regional_prompts_reach_native_sampling_through_the_conditioning_bridge(comfy):
+    g, ids = base_graph()
+    te = [ids["te"], 0]
+    canvas = g.add("SolidMask", value=0.0, width=SIZE[0], height=SIZE[1])
+    half = g.add("SolidMask", value=1.0, width=SIZE[0] // 2, height=SIZE[1])
+    left = g.add("MaskComposite", destination=[canvas, 0], source=[half, 0], x=0, y=0, operation="add")
+    right = g.add("InvertMask", mask=[left, 0])
+    chain = ids["positive"]
+    for text, mask in (("a red door", left), ("a blue window", right)):
+        encoded = g.add("Flux2KleinTextEncode", text_encoder=te, text=text)
+        chain = g.add(
+            "Flux2KleinRegionalPrompt", region=[encoded, 0], mask=[mask, 0], conditioning=[chain, 0]
+        )
+    latent = g.add("Flux2KleinSampler", model=[ids["model"], 0], positive=[chain, 0], seed=SEED, steps=STEPS,
+                   guidance=1.0, width=SIZE[0], height=SIZE[1], batch_size=1)  # fmt: skip
+    g.save(g.add("Flux2KleinDecode", vae=[ids["vae"], 0], latent=[latent, 0]), "ours_regional")
+    bridged = g.add("Flux2KleinToNativeConditioning", conditioning=[chain, 0])
+    native(g, ids, "native_regional", ids["native_model"], bridged)
+    ours(g, ids, "ours_plain")
+    got = images(comfy, g)
+    assert diff(got["native_regional"], got["ours_regional"]) <= TOLERANCE
+    assert np.abs(got["ours_regional"] - got["ours_plain"]).mean() > 1  # the regions change the picture

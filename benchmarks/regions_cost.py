@@ -1,0 +1,85 @@
+"""What regional prompts cost: one DiT step with a global prompt and N regions against the plain step.
+
+    python benchmarks/regions_cost.py --heads 24 --depth 1 --single 1 --size 1024 --regions 3
+        # klein 4B's real widths (hidden 3072 = 24 heads x 128, text 7680) with 1 + 1 blocks, at 1024²
+
+Both calls run the same DiT in the same process, in turn (plain, regional, plain, ...), after one warm-up
+each: the plain step reads one 512-token prompt; the regional one reads the global prompt and N region
+prompts (512 tokens each, as FLUX.2 Text Encode gives them) under the regional mask (each region a vertical
+stripe of the picture). Printed: the median time per step, the peak of live tensor memory during the step
+(``live_tensors``), and the ratios regional / plain. Per-block costs are what grow, so a few blocks at the
+real widths give the ratio of the whole model.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import klein_shapes
+import torch
+from live_tensors import peak_tensor_bytes
+
+from flux2_core.dit.files import DIT_SPEC
+from flux2_core.dit.rope import image_ids, text_ids
+from flux2_core.steering.regions import Region, RegionalPrompt, regional_plan
+from flux2_core.weights.checkpoint import Checkpoint
+from flux2_core.weights.loading import load_checkpoint
+
+
+def main() -> None:
+    parser = klein_shapes.parser(__doc__.splitlines()[0], "image side in pixels")
+    parser.add_argument("--regions", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    reference = klein_shapes.klein_shaped_dit(args.heads, args.depth, args.single)
+    net = load_checkpoint(DIT_SPEC, Checkpoint(Path("bench"), reference.state_dict()), dtype, device).module
+    del reference
+    grid, width = args.size // 16, net.config.context_in_dim
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, grid * grid, 128, generator=g).to(device, dtype)
+    glob = torch.randn(1, 512, width, generator=g)
+    regions = []
+    for k in range(args.regions):  # vertical stripes
+        mask = torch.zeros(args.size, args.size)
+        mask[:, k * args.size // args.regions : (k + 1) * args.size // args.regions] = 1
+        regions.append(Region(torch.randn(1, 512, width, generator=g), mask))
+    context, mask = regional_plan(RegionalPrompt(glob, tuple(regions)), (grid, grid), dtype, device)
+    t, x_ids = torch.tensor([0.5], device=device), image_ids(grid, grid)
+    calls = {
+        "plain": lambda: net(x, x_ids, t, glob.to(device, dtype), text_ids(512)),
+        "regional": lambda: net(
+            x, x_ids, t, context.to(device, dtype), text_ids(context.shape[1]), attn_mask=mask
+        ),
+    }
+    times = {name: [] for name in calls}
+    with torch.inference_mode():
+        for call in calls.values():
+            call()
+        for _ in range(args.repeats):
+            for name, call in calls.items():
+                start = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - start)
+        peaks = {name: peak_tensor_bytes(call) for name, call in calls.items()}
+    median = {name: statistics.median(v) for name, v in times.items()}
+    print(
+        f"{device} {args.dtype}, {net.config.hidden_size} wide, {net.config.depth}+"
+        f"{net.config.depth_single_blocks} blocks, {args.size}x{args.size} ({grid * grid} image tokens), "
+        f"{args.regions} regions + a global prompt ({context.shape[1]} text tokens; mask "
+        f"{mask.numel() * mask.element_size() / 2**20:.0f} MiB)"
+    )
+    for name in calls:
+        print(
+            f"{name}: {median[name] * 1e3:.0f} ms a step, peak {peaks[name] / 2**20:.0f} MiB of live tensors"
+        )
+    print(
+        f"regional / plain: time {median['regional'] / median['plain']:.2f}x, memory "
+        f"{peaks['regional'] / peaks['plain']:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
