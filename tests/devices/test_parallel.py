@@ -45,6 +45,7 @@ from flux2_core.ops import linears
 from flux2_core.references import ReferenceLatents
 from flux2_core.sampling import SampleRequest, SampleSettings, sample
 from flux2_core.steering.reference_strength import ReferenceStrength
+from flux2_core.steering.regions import Region, RegionalPrompt
 from flux2_core.weights.checkpoint import open_checkpoint
 from flux2_core.weights.keymaps import plan as keymap_plan
 from flux2_core.weights.loading import load_checkpoint
@@ -200,6 +201,19 @@ def _inputs(root: Path, case: str):
     return data["ctx"], refs if strengths is None else replace(refs, strengths=strengths)
 
 
+def _regional_inputs():
+    """A global prompt of 7 tokens and two regions (4 and 6 tokens) over the left and right of 80 x 64."""
+    g = torch.Generator().manual_seed(9)
+    ctx = torch.randn(1, 7, KLEIN.context_in_dim, generator=g)
+    left = torch.zeros(64, 80)
+    left[:, :32] = 1
+    regions = tuple(
+        Region(torch.randn(1, n, KLEIN.context_in_dim, generator=g), m, s)
+        for n, m, s in ((4, left, 1.0), (6, 1 - left, 2.0))  # 17 text tokens: the shares are padded
+    )
+    return ctx, RegionalPrompt(ctx, regions)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -255,6 +269,11 @@ def _worker(rank: int, root: str, port: int) -> None:
             latents = sample(SampleRequest(model, ctx, _cached_settings(), references=refs, step_cache=cache))
             np.save(root / f"cached-{mode}.rank{rank}.npy", latents.numpy())
             report[f"cached-{mode}"] = {"full": cache.passes[0].full_steps, "sums": sums}
+        for mode in ("tensor", "sequence"):  # regional prompts: the mask travels with the tokens
+            model = load_transformer_parallel(root / "flux-2-klein-4b.safetensors", mode, "distilled")
+            ctx, regions = _regional_inputs()
+            latents = sample(SampleRequest(model, ctx, _settings("klein-tensor"), regions=regions))
+            np.save(root / f"regional-{mode}.rank{rank}.npy", latents.numpy())
         report["int8-convrot16"] = _int8_slices(root / "klein-int8-convrot16.safetensors", dist)
         for case, (file, mode, _) in REFUSED.items():
             try:
@@ -429,3 +448,14 @@ def test_the_collective_timeout_covers_rank_0s_encoding_and_is_settable(monkeypa
     monkeypatch.setattr(parallel.dist, "get_world_size", lambda: 1)
     parallel.init_distributed("cpu")
     assert seen == {"backend": "gloo", "timeout": timedelta(minutes=7)}
+
+
+@pytest.mark.parametrize("mode", ["tensor", "sequence"])
+def test_regional_prompts_in_parallel_equal_one_process(runs, mode):
+    root, _ = runs
+    model = load_transformer(root / "flux-2-klein-4b.safetensors", "distilled")
+    ctx, regions = _regional_inputs()
+    expected = sample(SampleRequest(model, ctx, _settings("klein-tensor"), regions=regions)).numpy()
+    got = [np.load(root / f"regional-{mode}.rank{r}.npy") for r in range(WORLD)]
+    assert np.array_equal(got[0], got[1]), "the ranks disagree"
+    np.testing.assert_allclose(got[0], expected, atol=1e-5, rtol=0)
