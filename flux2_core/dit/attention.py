@@ -17,9 +17,9 @@ float32) ``sdpa`` runs: its kernels are the fastest there, and in float32 on a C
 as the matrix products at the same speed (``benchmarks/suite.py``). ``FLUX2_ATTENTION=sdpa`` or ``matmul``
 fixes the choice (``auto``, the default, measures).
 
-An optional additive ``bias`` (broadcast to [B, H, Lq, Lk], in the queries' dtype; ``-inf`` masks a key) is
-added to the scaled logits before the softmax, by both implementations: ``KeyBias`` is the one the DiT
-uses, a value per key (per-reference strength, ``reference_strength``).
+An optional ``bias`` (broadcast to [B, H, Lq, Lk]) is added to the scaled logits before the softmax, by both
+implementations: additive in the queries' dtype (``-inf`` masks a key), or boolean (False masks it).
+``KeyBias`` is the one the DiT builds: a value per key (reference strength) or a mask (regional prompts).
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def matmul_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) 
         rows = slice(start, start + CPU_ATTENTION_CHUNK)
         scores = torch.matmul(q[:, :, rows] * scale, keys)
         if bias is not None:
-            scores = scores + (bias if bias.shape[-2] == 1 else bias[..., rows, :])
+            part = bias if bias.shape[-2] == 1 else bias[..., rows, :]
+            scores = scores.masked_fill(~part, -torch.inf) if part.dtype == torch.bool else scores + part
         out[:, :, rows] = torch.matmul(scores.softmax(dim=-1), v)
     return out
 

@@ -229,7 +229,9 @@ def joint_attention(
         v = torch.cat([v[:, :, :num_txt], v_ref, v[:, :, num_txt:]], dim=2)
     elif kv is not None:
         kv.store(k, v)
-    bias = None if attn_bias is None else attn_bias.for_keys(num_txt, k.shape[2], q.device).to(q.dtype)
+    bias = None if attn_bias is None else attn_bias.for_keys(num_txt, k.shape[2], q.device)
+    if bias is not None and bias.dtype != torch.bool:  # additive, in the queries' dtype; a boolean mask as is
+        bias = bias.to(q.dtype)
     return rearrange(comm.to_tokens(sdpa(q, k, v, bias)), "B H L D -> B L (H D)")
 
 

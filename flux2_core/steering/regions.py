@@ -85,8 +85,9 @@ def latent_region_mask(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
 
 
 def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
-    """(the joined text conditioning [B, T, C], the additive attention mask [T + N, T + N] over
-    ``[text; image]`` in ``dtype`` or None when the run is a plain one)."""
+    """(the joined text conditioning [B, T, C], the attention mask [T + N, T + N] over ``[text; image]``, or
+    None when the run is a plain one): boolean (True: attends) when every region is at strength 1, else
+    additive in ``dtype`` (0, log(strength), -inf)."""
     glob = prompt.global_embeds
     kept = [(r, latent_region_mask(r.mask, grid)) for r in prompt.regions if r.strength > 0]
     kept = [(r, m) for r, m in kept if bool(m.any())]
@@ -120,5 +121,7 @@ def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
         if region.strength != 1.0:
             bias[img, text] += torch.where(inside[:, None], math.log(region.strength), 0.0)
         start = text.stop
+    if all(region.strength == 1.0 for region, _ in kept):  # a boolean mask: a quarter of float32's bytes
+        return context, allowed.to(device)
     bias = bias.masked_fill(~allowed, -math.inf)
     return context, bias.to(device, dtype)

@@ -102,3 +102,14 @@ def test_both_kernels_add_the_same_bias(shape):
     expected = ((q.float() @ k.float().transpose(-1, -2)) / 4.0 + bias.float()).softmax(-1) @ v.float()
     torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(attention.sdpa_kernel(q, k, v, bias).float(), expected, atol=3e-2, rtol=3e-2)
+
+
+def test_both_kernels_take_a_boolean_mask():
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=g).bfloat16() for _ in range(3))
+    allowed = torch.rand(40, 40, generator=g) > 0.3
+    allowed[:, 0] = True  # every query keeps a key
+    additive = torch.zeros(40, 40).masked_fill(~allowed, -torch.inf)
+    expected = ((q.float() @ k.float().transpose(-1, -2)) / 4.0 + additive).softmax(-1) @ v.float()
+    for kernel in (attention.matmul_kernel, attention.sdpa_kernel):
+        torch.testing.assert_close(kernel(q, k, v, allowed).float(), expected, atol=3e-2, rtol=3e-2)

@@ -180,3 +180,17 @@ def test_no_prompt_left_is_refused(model):
 def test_bad_regions_are_refused_by_name(make, message):
     with pytest.raises(Flux2Error, match=message):
         make()
+
+
+def test_regions_at_strength_one_use_a_boolean_mask_that_attends_as_the_additive_one():
+    left = torch.tensor([[1.0] * 16 + [0.0] * 16] * 16)
+    regions = RegionalPrompt(_embeds(0, 2), (Region(_embeds(1, 2), left), Region(_embeds(2, 1), 1 - left)))
+    _, allowed = regional_plan(regions, (1, 2), torch.float32, "cpu")
+    assert allowed.dtype == torch.bool
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, -math.inf)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 7, 16, generator=g) for _ in range(3))
+    rope = torch.stack([torch.ones(7, 8), torch.zeros(7, 8)], -1)
+    masked = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=KeyBias(own=allowed))
+    added = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=KeyBias(own=additive))
+    torch.testing.assert_close(masked, added, atol=1e-6, rtol=1e-6)
