@@ -66,7 +66,7 @@ def _models(g: Graph, r: Recipe) -> tuple[Node, Node, int, Node]:
         "Flux2KleinLoraLoader",
         (X_LOAD, 470),
         (380, 130),
-        {"lora_name": r.lora, "strength": 1.0, "block_strengths": ""},
+        {"lora_name": r.lora, "strength": r.lora_strength, "block_strengths": ""},
     )
     g.connect(model, lora, "model")
     g.connect(te, lora, "text_encoder")

@@ -149,6 +149,37 @@ RECIPES = (
         ),
     ),
     Recipe(
+        name="flux2_klein_4b_refcontrol_depth",
+        title="FLUX.2 [klein] 4B base: structure from a depth map (RefControl)",
+        summary=(
+            "Puts the subject of one image into the pose and layout of a depth map, with the klein 4B "
+            "**base** model and the RefControl depth LoRA (thedeoxen/refcontrol-FLUX.2-klein-4B-reference-"
+            "depth-lora on the Hugging Face hub: download its .safetensors into `models/loras` and pick it "
+            "in the LoRA Loader). *Reference image 1* is the **depth map** (it also sets the output size), "
+            "*Reference image 2* the **subject**; the prompt starts with the trigger word `refcontrol`. "
+            "Depth maps come from a preprocessor pack (Depth Anything or MiDaS nodes, e.g. "
+            "comfyui_controlnet_aux) or from any depth image; the LoRA's siblings for pose, canny, lineart "
+            "and normal maps (9B) work the same way."
+        ),
+        **KLEIN_4B_BASE,
+        prompt=(
+            "refcontrol, apply depth from image 1 with reference from image 2: the person from image 2 in "
+            "the pose of image 1, same clothes and face, studio light"
+        ),
+        negative="",
+        references=2,
+        width=0,
+        height=0,
+        lora="refcontrol-FLUX.2-klein-4B-reference-depth-lora.safetensors",
+        lora_strength=0.9,
+        settings=(
+            "Base model: **about 50 steps, CFG 4.0** with an empty negative prompt; RefControl LoRA at "
+            "**0.8-1.0** (0.9 here). The LoRA also works on the distilled 4B model at 4 steps, with a little "
+            "less quality. The depth map's strength can be set on its Reference Encode (`strength`, "
+            "`end`) like any reference's.\n\n" + EDIT_SIZE
+        ),
+    ),
+    Recipe(
         name="flux2_klein_9b_kv_edit",
         title="FLUX.2 [klein] 9B-KV: fast reference editing",
         summary=(

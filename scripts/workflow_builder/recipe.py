@@ -55,6 +55,7 @@ class Recipe:
     mode: Mode = Mode.GENERATE
     denoise: float = 1.0
     lora: str | None = None  # a LoRA file in models/loras, applied by a LoRA Loader
+    lora_strength: float = 1.0
     family: Family = Family.KLEIN
     sampling: Sampling = Sampling.OURS
     # (strength, start, end) of each reference's Reference Encode; () leaves every one at its defaults
