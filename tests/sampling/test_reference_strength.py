@@ -293,3 +293,41 @@ def test_a_strength_count_that_does_not_match_the_references_is_refused():
     refs = ReferenceLatents.from_latents([torch.randn(1, 128, 2, 2)])
     with pytest.raises(Flux2Error, match="2 reference strengths for 1 references"):
         replace(refs, strengths=(ReferenceStrength(), ReferenceStrength()))
+
+
+def test_quantised_split_and_lora_paths_keep_the_exact_cases(weights, tmp_path):
+    from quant_files import write_quantised
+    from safetensors.torch import save_file
+    from tiny_dit import bfl_state_dict
+
+    from flux2_core.devices.placement import place_blocks, remove_placement
+    from flux2_core.lora import prepare_lora, read_lora
+
+    sd = bfl_state_dict(make_diffusers_dit(seed=3))
+    write_quantised(sd, tmp_path / "fp8.safetensors", "float8_e4m3fn")
+    g = torch.Generator().manual_seed(4)
+    lora_file = tmp_path / "lora.safetensors"
+    layer = "double_blocks.0.img_attn.qkv"
+    out, inp = sd[layer + ".weight"].shape
+    down, up = torch.randn(2, inp, generator=g), torch.randn(out, 2, generator=g)
+    save_file({f"diffusion_model.{layer}.lora_A.weight": down, f"diffusion_model.{layer}.lora_B.weight": up},
+              str(lora_file))  # fmt: skip
+    model = load_transformer(tmp_path / "fp8.safetensors", variant="distilled")
+    model = model.with_lora(prepare_lora(read_lora(lora_file), model.transformer))
+    settings, sizes = SampleSettings(64, 64, 3, 1.0, 12), [(64, 64), (64, 80)]
+
+    def run(refs):
+        return sample(SampleRequest(model, _embeds(4), settings, references=refs))
+
+    t2i, plain = run(None), run(_references(weights, sizes))
+    off = _references(weights, sizes, [ReferenceStrength(0.0)] * 2)
+    mixed = _references(weights, sizes, [ReferenceStrength(0.5), ReferenceStrength(2.0, 0.0, 0.5)])
+    assert torch.equal(run(off), t2i) and torch.equal(
+        run(_references(weights, sizes, [ReferenceStrength()] * 2)), plain
+    )
+    whole = run(mixed)
+    place_blocks(model.transformer, ["cpu", "cpu"])  # the block split: the bias follows each block's device
+    try:
+        assert torch.equal(run(mixed), whole)
+    finally:
+        remove_placement(model.transformer)
