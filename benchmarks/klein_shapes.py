@@ -38,3 +38,13 @@ def klein_shaped_dit(heads: int, depth: int, single: int | None = None, guidance
         joint_attention_dim=3 * heads * 128,
         axes_dims_rope=(32, 32, 32, 32),
     )
+
+
+def our_dit(args, dtype, device):
+    """Our DiT of the shape ``args`` ask for (``parser``), random weights, loaded as a file would be."""
+    from flux2_core.dit.files import DIT_SPEC
+    from flux2_core.weights.checkpoint import Checkpoint
+    from flux2_core.weights.loading import load_checkpoint
+
+    reference = klein_shaped_dit(args.heads, args.depth, args.single)
+    return load_checkpoint(DIT_SPEC, Checkpoint(Path("bench"), reference.state_dict()), dtype, device).module

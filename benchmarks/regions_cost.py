@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 
 import klein_shapes
 import torch
 from live_tensors import peak_tensor_bytes
 
-from flux2_core.dit.files import DIT_SPEC
 from flux2_core.dit.rope import image_ids, text_ids
 from flux2_core.steering.regions import Region, RegionalPrompt, regional_plan
-from flux2_core.weights.checkpoint import Checkpoint
-from flux2_core.weights.loading import load_checkpoint
 
 
 def main() -> None:
@@ -34,9 +30,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    reference = klein_shapes.klein_shaped_dit(args.heads, args.depth, args.single)
-    net = load_checkpoint(DIT_SPEC, Checkpoint(Path("bench"), reference.state_dict()), dtype, device).module
-    del reference
+    net = klein_shapes.our_dit(args, dtype, device)
     grid, width = args.size // 16, net.config.context_in_dim
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, grid * grid, 128, generator=g).to(device, dtype)

@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from pathlib import Path
 
 import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
 import torch
 
 from flux2_core.configs import VARIANTS  # noqa: E402
-from flux2_core.dit.files import DIT_SPEC  # noqa: E402
 from flux2_core.dit.rope import image_ids, text_ids  # noqa: E402
 from flux2_core.dit.step_cache import MAX_STEP_CACHE, FirstBlockCache, StepCache  # noqa: E402
 from flux2_core.dit.transformer import Flux2Model  # noqa: E402
 from flux2_core.sampling import SampleRequest, SampleSettings, sample  # noqa: E402
-from flux2_core.weights.checkpoint import Checkpoint  # noqa: E402
-from flux2_core.weights.loading import load_checkpoint  # noqa: E402
 
 
 def timed(fn, repeats: int, device: torch.device) -> float:
@@ -56,9 +52,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    reference = klein_shapes.klein_shaped_dit(args.heads, args.depth, args.single)
-    net = load_checkpoint(DIT_SPEC, Checkpoint(Path("bench"), reference.state_dict()), dtype, device).module
-    del reference
+    net = klein_shapes.our_dit(args, dtype, device)
     model = Flux2Model(net, VARIANTS["distilled"], "bench")
     grid = args.size // 16
     torch.manual_seed(0)

@@ -33,7 +33,7 @@ def files(tmp_path_factory):
     return {"paths": paths, "qwen": qwen, "vae": make_diffusers_vae(vae_sd), "root": root}
 
 
-def _run(files, tmp_path, *extra, model="model"):
+def _run(files, tmp_path, *extra, model="model", prompt=PROMPT):
     p = files["paths"]
     out = tmp_path / "out.png"
     argv = [
@@ -44,13 +44,9 @@ def _run(files, tmp_path, *extra, model="model"):
         str(p["text_encoder"]),
         "--vae",
         str(p["vae"]),
-        "--prompt",
-        PROMPT,
-        "--output",
-        str(out),
-        *extra,
     ]
-    return main(argv), out
+    argv += ["--prompt", prompt] if prompt is not None else []
+    return main([*argv, "--output", str(out), *extra]), out
 
 
 def test_text_to_image_matches_diffusers_pipeline(files, tmp_path):
@@ -277,21 +273,11 @@ def test_regions_on_the_command_line(files, tmp_path):
     size = ["--width", "64", "--height", "64", "--steps", "2"]
     whole = tmp_path / "whole.png"
     Image.fromarray(np.full((48, 48), 255, dtype=np.uint8)).save(whole)  # any size: scaled to the output
-    p = files["paths"]
-    base = [
-        "generate",
-        "--model",
-        str(p["model"]),
-        "--text-encoder",
-        str(p["text_encoder"]),
-        "--vae",
-        str(p["vae"]),
-    ]
     # no global prompt, one region over the whole picture: the plain run of its prompt
-    assert main([*base, "--region", "a cat", str(whole), "--output", str(tmp_path / "r.png"), *size]) == 0
-    assert main([*base, "--prompt", "a cat", "--output", str(tmp_path / "p.png"), *size]) == 0
+    code, regional = _run(files, tmp_path / "r", "--region", "a cat", str(whole), *size, prompt=None)
+    assert code == 0 and _run(files, tmp_path / "p", *size, prompt="a cat")[0] == 0
     assert np.array_equal(
-        np.asarray(Image.open(tmp_path / "r.png")), np.asarray(Image.open(tmp_path / "p.png"))
+        np.asarray(Image.open(regional)), np.asarray(Image.open(tmp_path / "p" / "out.png"))
     )
     # a global prompt and two regions
     left, right = _mask(tmp_path, "l.png", True), _mask(tmp_path, "r.png", False)
@@ -300,17 +286,7 @@ def test_regions_on_the_command_line(files, tmp_path):
 
 
 def test_regions_without_any_prompt_or_with_references_are_refused(files, tmp_path, caplog):
-    p = files["paths"]
-    base = [
-        "generate",
-        "--model",
-        str(p["model"]),
-        "--text-encoder",
-        str(p["text_encoder"]),
-        "--vae",
-        str(p["vae"]),
-    ]
-    assert main([*base, "--output", str(tmp_path / "x.png")]) == 2 and "give a prompt" in caplog.text
+    assert _run(files, tmp_path, prompt=None)[0] == 2 and "give a prompt" in caplog.text
     code, _ = _run(
         files, tmp_path, "--region", "a", _mask(tmp_path, "m.png", True), "--reference", _reference(tmp_path)
     )
