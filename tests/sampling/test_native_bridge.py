@@ -92,3 +92,17 @@ def fake_pack(tmp_path_factory):
             yield pack
         finally:
             unload_pack()
+
+
+def test_a_regional_prompt_survives_the_round_trip_through_native_conditioning(fake_pack):
+    types, core = fake_pack.nodes.types, fake_pack.flux2_core
+    glob, region = torch.randn(1, 512, 96), torch.randn(1, 512, 96)
+    regions = core.RegionalPrompt(glob, (core.Region(region, torch.ones(8, 8)),))
+    ours = types.KleinConditioning(glob, "Qwen3-4B", 96, regions=regions)
+    native_cond = ours.to_native()
+    assert native_cond[0][1][types.REGIONAL_PROMPT] is regions
+    back = fake_pack.nodes.native.from_native(native_cond)
+    assert back.regions is regions and back.embeds is glob
+    refs = core.ReferenceLatents.from_latents([torch.zeros(1, 128, 2, 2)])
+    with pytest.raises(core.Flux2Error, match="regional prompts and reference images cannot be combined"):
+        ours.to_native(refs)
