@@ -44,6 +44,14 @@ fi
     "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } > "$OUT/machine.txt" 2>&1
 
+# What the steps import beyond the pack itself, checked before the first one: the test extras bring them all.
+if ! "$PYTHON" -c "import diffusers, transformers, safetensors, numpy, flux2_core" > "$OUT/packages.log" 2>&1; then
+    echo "the device check needs the pack and its test extras (diffusers, transformers, ...):" >&2
+    echo "    pip install -e \".[test]\"    (from the repository's root), then run it again" >&2
+    tail -n 1 "$OUT/packages.log" >&2
+    exit 2
+fi
+
 STEPS="plan suite suite_fp8 formats streaming interrupt parallel"
 declare -A STATUS
 step() {  # step NAME SECONDS COMMAND...: run it with a time limit, keep its log, record how it ended

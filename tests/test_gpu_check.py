@@ -42,3 +42,17 @@ def test_gpu_check_dry_run_runs_every_step_and_writes_its_json(tmp_path):
     assert parallel["ok"] and parallel["backend"] == "gloo"
     assert all(parallel[m]["max_abs_diff_vs_one_process"] < 1e-4 for m in ("tensor", "sequence"))
     assert "torch" in (out / "machine.txt").read_text()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="the device check is a bash script")
+def test_gpu_check_says_which_packages_it_needs_before_the_first_step(tmp_path):
+    # a Python without diffusers: a stub that fails every import the way a bare install does
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'diffusers'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    out = tmp_path / "check"
+    env = os.environ | {"PYTHON": str(fake)}
+    run = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), str(out), "--dry-run"],
+                         capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert run.returncode == 2 and 'pip install -e ".[test]"' in run.stderr and "diffusers" in run.stderr
+    assert not (out / "plan.log").exists()  # no step ran
