@@ -32,7 +32,7 @@ from .limits import check_request
 from .lora import DIT, patched
 from .references import ReferenceLatents
 from .sampling_checks import activation_bytes, check_batch, check_finite, check_strength
-from .steering.regions import RegionalPrompt
+from .steering.regions import RegionalPrompt, regional_cost
 
 log = logging.getLogger(__name__)
 
@@ -104,23 +104,35 @@ def check_text_width(config, name: str, got: int, what: str = "conditioning") ->
 
 
 def estimate_memory(
-    model: Flux2Model, settings: SampleSettings, references: ReferenceLatents | int | None
+    model: Flux2Model,
+    settings: SampleSettings,
+    references: ReferenceLatents | int | None,
+    regions: RegionalPrompt | None = None,
 ) -> int:
-    """Rough peak bytes of activations (plus the KV cache, plus the device copies of streamed blocks) for one
-    sampling run of a loaded model; ``references`` may also be just their number of tokens."""
+    """Rough peak bytes of activations (plus the KV cache, plus the device copies of streamed blocks, plus a
+    regional prompt's longer text and its mask) for one sampling run of a loaded model; ``references`` may
+    also be just their number of tokens."""
     num_ref = references if isinstance(references, int) else (references.num_tokens if references else 0)
     streamer = streamer_of(model.transformer)
     streamed = streamer.working_bytes if streamer is not None else 0
-    return sampling_memory(model.config, model.variant, model.transformer.dtype, settings, num_ref) + streamed
+    dtype = model.transformer.dtype
+    text, mask = FLUX2.max_text_tokens, 0
+    if regions is not None:
+        counts = [regions.global_embeds.shape[1]] + [r.embeds.shape[1] for r in regions.regions]
+        additive = any(r.strength != 1.0 for r in regions.regions)
+        text, mask = regional_cost(counts, settings.grid, additive, dtype.itemsize)
+    activations = sampling_memory(model.config, model.variant, dtype, settings, num_ref, text)
+    return activations + mask + streamed
 
 
 def sampling_memory(
-    config, variant, dtype: torch.dtype, settings: SampleSettings, num_ref_tokens: int
+    config, variant, dtype: torch.dtype, settings: SampleSettings, num_ref_tokens: int, text_tokens: int = 0
 ) -> int:
     """Rough peak bytes of activations (plus the KV cache) beyond the weights, from shapes alone: about
-    ``ACTIVATION_ROWS`` hidden-wide rows per token at the peak (``sampling_checks``)."""
+    ``ACTIVATION_ROWS`` hidden-wide rows per token at the peak (``sampling_checks``); ``text_tokens``: the
+    conditioning's (default the family's 512)."""
     rows, cols = settings.grid
-    tokens = FLUX2.max_text_tokens + rows * cols + num_ref_tokens
+    tokens = (text_tokens or FLUX2.max_text_tokens) + rows * cols + num_ref_tokens
     activations = activation_bytes(settings.batch_size, tokens, config.hidden_size, dtype)
     kv_cache = 0
     if variant.kv_cache:  # K and V of every reference token in every block, kept for the whole run

@@ -193,7 +193,7 @@ class Flux2KleinSampler(io.ComfyNode):
             mask=mask,
             step_cache=cache_rule,
         )
-        required = estimate_memory(model.core, settings, references)
+        required = estimate_memory(model.core, settings, references, positive.regions)
         host.load_all(model.patchers, required)  # every device of a block split: each needs the activations
         tokens = references.num_tokens if references is not None else 0
         what = f"sampling {width}x{height}" + (

@@ -42,7 +42,7 @@ from ..sampling import (
     sample,
     sampling_memory,
 )
-from ..steering.regions import Region, RegionalPrompt
+from ..steering.regions import Region, RegionalPrompt, regional_cost
 from ..text.encoder import load_text_encoder, text_encoder_spec_for
 from ..vae.autoencoder import load_vae
 from ..vae.tiling import check_tiling
@@ -184,6 +184,10 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     pixels = sum(w * h for w, h in request.sizes) + (width * height if inpaint else 0)
     num_ref_tokens = pixels // FLUX2.size_multiple**2
     activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens)
+    if request.regions:  # every prompt is 512 tokens; the boolean mask over them and the image (strength 1)
+        counts = [FLUX2.max_text_tokens] * ((1 if args.prompt else 0) + len(request.regions))
+        text, mask = regional_cost(counts, settings.grid, False, 1)
+        activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens, text) + mask
     in_ram = None
     if args.offload == "stream":  # what stays on the device, plus the blocks in flight; all of it in RAM
         in_flight = BLOCKS_IN_FLIGHT * dit_bytes // max(config.depth + config.depth_single_blocks, 1)

@@ -78,6 +78,16 @@ class RegionalPrompt:
         return self.global_embeds.shape[1] > 0
 
 
+def regional_cost(
+    text_tokens: list[int], grid: tuple[int, int], additive: bool, itemsize: int
+) -> tuple[int, int]:
+    """(text tokens of the joined prompts, bytes of their mask) at ``grid``, from the prompts' token counts
+    (the global prompt's first; 0 for none) before any mask is read: the most a run can need."""
+    total = sum(text_tokens)
+    length = total + grid[0] * grid[1]
+    return total, length * length * (itemsize if additive else 1)
+
+
 def latent_region_mask(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
     """[rows * cols] bool: the latent tokens a pixel mask covers (area average >= 0.5)."""
     m = mask.float().reshape(1, 1, *mask.shape[-2:])

@@ -194,3 +194,19 @@ def test_regions_at_strength_one_use_a_boolean_mask_that_attends_as_the_additive
     masked = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=KeyBias(own=allowed))
     added = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=KeyBias(own=additive))
     torch.testing.assert_close(masked, added, atol=1e-6, rtol=1e-6)
+
+
+def test_the_memory_estimate_counts_the_joined_prompts_and_the_mask(model):
+    from flux2_core.sampling import estimate_memory
+    from flux2_core.sampling_checks import activation_bytes
+
+    dit = load_transformer(model["path"], variant="distilled")
+    settings = SampleSettings(64, 96, 4, 1.0, 5)  # 24 image tokens
+    glob, a = _embeds(30, 512), _embeds(31, 512)
+    plain = estimate_memory(dit, settings, None)
+    for strength, mask_item in ((1.0, 1), (0.5, 4)):  # boolean, then additive float32
+        regions = RegionalPrompt(glob, (Region(a, LEFT, strength),))
+        got = estimate_memory(dit, settings, None, regions)
+        longer = activation_bytes(1, 1024 + 24, dit.config.hidden_size, torch.float32)
+        shorter = activation_bytes(1, 512 + 24, dit.config.hidden_size, torch.float32)
+        assert got - plain == longer - shorter + (1024 + 24) ** 2 * mask_item
