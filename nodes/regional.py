@@ -3,7 +3,7 @@ regions (``flux2_core.steering.regions`` has the rule)."""
 
 from __future__ import annotations
 
-from ..flux2_core import Flux2Error, Region, RegionalPrompt
+from ..flux2_core import MAX_REFERENCE_STRENGTH, Flux2Error, Region, RegionalPrompt
 from . import sockets, types
 from .sockets import io
 
@@ -42,7 +42,7 @@ class Flux2KleinRegionalPrompt(io.ComfyNode):
                     optional=True,
                     default=1.0,
                     min=0.0,
-                    max=10.0,
+                    max=MAX_REFERENCE_STRENGTH,
                     step=0.05,
                     tooltip=STRENGTH_TOOLTIP,
                 ),  # fmt: skip

@@ -19,7 +19,7 @@ fixes the choice (``auto``, the default, measures).
 
 An optional ``bias`` (broadcast to [B, H, Lq, Lk]) is added to the scaled logits before the softmax, by both
 implementations: additive in the queries' dtype (``-inf`` masks a key), or boolean (False masks it).
-``KeyBias`` is the one the DiT builds: a value per key (reference strength) or a mask (regional prompts).
+``attention_bias`` shapes the DiT's: a value per key (reference strength) or a mask (regional prompts).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,27 +41,10 @@ MEASURED_DTYPES = (torch.bfloat16, torch.float16)
 Kernel = Callable[..., torch.Tensor]  # (q, k, v, bias=None) -> out
 
 
-@dataclass(frozen=True)
-class KeyBias:
-    """A value added to the attention logits against each key, the same for every head and block: ``own``
-    [Lk] (every query alike) or [Lq, Lk] (a mask: regional prompts) over a call's own keys, in the order
-    attention sees them; or ``cached`` [R] over the cached reference keys the KV model splices in after the
-    text (its own keys then get none)."""
-
-    own: torch.Tensor | None = None
-    cached: torch.Tensor | None = None
-
-    def for_keys(self, num_txt: int, num_keys: int, device: torch.device) -> torch.Tensor:
-        """[1, 1, 1, num_keys] for keys ``[own[:num_txt], cached, own[num_txt:]]`` (``num_keys`` in all)."""
-        if self.cached is None and self.own.ndim == 2:
-            return self.own.to(device).view(1, 1, *self.own.shape)
-        if self.cached is None:
-            values = self.own
-        else:
-            zeros = self.cached.new_zeros
-            rest = num_keys - num_txt - self.cached.shape[0]
-            values = torch.cat([zeros(num_txt), self.cached, zeros(rest)])
-        return values.to(device).view(1, 1, 1, -1)
+def attention_bias(values: torch.Tensor) -> torch.Tensor:
+    """A bias over the keys, [Lk] (the same for every query) or [Lq, Lk] (a mask), as the kernels broadcast
+    it over batch and heads: [1, 1, 1 or Lq, Lk]."""
+    return values.view(1, 1, *values.shape) if values.ndim == 2 else values.view(1, 1, 1, -1)
 
 
 def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) -> torch.Tensor:

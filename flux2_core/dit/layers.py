@@ -19,7 +19,7 @@ from einops import rearrange
 from torch import nn
 
 from ..ops import Linear
-from .attention import KeyBias, sdpa
+from .attention import sdpa
 from .kv_cache import RefKVLayer
 from .rope import apply_rope_
 
@@ -210,13 +210,14 @@ def joint_attention(
     num_txt: int = 0,
     kv: RefKVLayer | None = None,
     comm: LocalComm = LOCAL,
-    attn_bias: KeyBias | None = None,
+    attn_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention over the joint sequence after RoPE; returns [B, L, heads * head_dim].
 
     - ``kv`` filled: the stored reference K/V are spliced in after the ``num_txt`` text keys.
     - ``kv`` empty: the sequence is the references alone (``encode_reference_kv``); their K/V are stored.
-    - ``attn_bias``: added to the logits of every query against each key (per-reference strength).
+    - ``attn_bias``: added to the logits (``attention.attention_bias``: reference strengths, regional
+      prompts), over the keys in the order they are in here (the cached references' after the text).
 
     Under sequence parallelism ``comm`` gathers every token of this process's heads after RoPE (the K/V
     cache then holds those heads for every reference token) and scatters the result back.
@@ -229,10 +230,15 @@ def joint_attention(
         v = torch.cat([v[:, :, :num_txt], v_ref, v[:, :, num_txt:]], dim=2)
     elif kv is not None:
         kv.store(k, v)
-    bias = None if attn_bias is None else attn_bias.for_keys(num_txt, k.shape[2], q.device)
-    if bias is not None and bias.dtype != torch.bool:  # additive, in the queries' dtype; a boolean mask as is
-        bias = bias.to(q.dtype)
+    bias = None if attn_bias is None else attn_bias.to(q.device)  # a block split: the block's own device
     return rearrange(comm.to_tokens(sdpa(q, k, v, bias)), "B H L D -> B L (H D)")
+
+
+def cached_key_bias(cached: torch.Tensor, num_txt: int, num_keys: int) -> torch.Tensor:
+    """A bias [R] over the KV model's cached reference keys as a bias over all ``num_keys`` keys of a call,
+    ``[text (num_txt); cached references; the rest]`` (``joint_attention``'s order), 0 on the call's own."""
+    zeros = cached.new_zeros
+    return torch.cat([zeros(num_txt), cached, zeros(num_keys - num_txt - cached.shape[0])])
 
 
 class DoubleStreamBlock(nn.Module):

@@ -34,7 +34,7 @@ from ..configs import Flux2Config, Variant
 from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..hooks import weight_mover
 from ..ops import Linear
-from .attention import KeyBias
+from .attention import attention_bias
 from .kv_cache import RefKVCache
 from .layers import (
     LOCAL,
@@ -43,6 +43,7 @@ from .layers import (
     MLPEmbedder,
     Modulation,
     SingleStreamBlock,
+    cached_key_bias,
     timestep_embedding,
 )
 from .rope import cached_rotation
@@ -119,14 +120,14 @@ class Flux2Transformer(DiT):
         attn_mask=None,
     ):
         num_img = x.shape[1]
-        bias = None if attn_mask is None else KeyBias(own=attn_mask)
+        bias = attn_mask
         if attn_mask is not None and ref is not None and ref.shape[1] > 0:
             raise Flux2Error(REGIONS_AND_REFERENCES)
         if ref is not None and ref.shape[1] > 0:
             x = torch.cat([x, ref.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1)
             x_ids = torch.cat([x_ids, ref_ids])
             if ref_bias is not None:  # [text; image; references] keys: only the references' get a bias
-                bias = KeyBias(own=torch.cat([ref_bias.new_zeros(ctx.shape[1] + num_img), ref_bias]))
+                bias = torch.cat([ref_bias.new_zeros(ctx.shape[1] + num_img), ref_bias])
         vec = self._vec(t, guidance, x.dtype)
         ids = torch.cat([ctx_ids, x_ids])
         out = self._run_blocks(x, ctx, ids, self._mods(vec), step_cache=step_cache, attn_bias=bias)
@@ -155,9 +156,8 @@ class Flux2Transformer(DiT):
             cache.double[0].get(x.shape[0])  # raises the clear "cache is empty" error
         vec = self._vec(t, guidance, x.dtype)
         ids = torch.cat([ctx_ids, x_ids])
-        bias = None if ref_bias is None else KeyBias(cached=ref_bias)
         out = self._run_blocks(
-            x, ctx, ids, self._mods(vec), cache=cache, step_cache=step_cache, attn_bias=bias
+            x, ctx, ids, self._mods(vec), cache=cache, step_cache=step_cache, cached_bias=ref_bias
         )
         return self.final_layer(out, vec)
 
@@ -181,19 +181,17 @@ class Flux2Transformer(DiT):
         )
 
     def _run_blocks(
-        self, img, ctx, ids, mods, cache: RefKVCache | None = None, step_cache=None, attn_bias=None
-    ):
+        self, img, ctx, ids, mods, cache: RefKVCache | None = None, step_cache=None, attn_bias=None,
+        cached_bias=None,
+    ):  # fmt: skip
         """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part.
         ``step_cache`` (a ``step_cache.FirstBlockCache``) may end the step after the first block;
-        ``attn_bias`` (a ``KeyBias`` over the keys in ``[text; image]`` order) goes to every attention."""
+        ``attn_bias`` ([L] over the keys in ``[text; image]`` order, or an [L, L] mask) or ``cached_bias``
+        ([R] over the KV model's cached reference keys) goes to every attention."""
         img_mod, txt_mod, single_mod = mods
+        tokens = ctx.shape[1] + img.shape[1]
         ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
-        if attn_bias is not None and attn_bias.own is not None and attn_bias.own.ndim == 1:
-            attn_bias = KeyBias(own=self.comm.arrange_keys(attn_bias.own))
-        elif attn_bias is not None and attn_bias.own is not None:  # a mask: its rows and columns alike
-            order = self.comm.arrange_keys(torch.arange(attn_bias.own.shape[0], dtype=torch.float32))
-            order = order.long().to(attn_bias.own.device)
-            attn_bias = KeyBias(own=attn_bias.own.index_select(0, order).index_select(1, order))
+        attn_bias = self._attention_bias(attn_bias, cached_bias, ctx.shape[1], tokens, img.dtype)
         pe = self._rope(ids, img.device)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))
@@ -215,6 +213,22 @@ class Flux2Transformer(DiT):
         if step_cache is not None:
             step_cache.ran_all(out)
         return self.comm.gather_tokens(out)
+
+    def _attention_bias(self, values, cached, num_txt: int, tokens: int, dtype) -> torch.Tensor | None:
+        """The bias of this call's attentions, built once for every block: ``values`` put in the order
+        ``comm.to_heads`` gives the keys (a mask: its rows and columns alike), or ``cached`` spliced in after
+        this process's ``num_txt`` text keys (of ``tokens`` in all); additive in ``dtype``, a mask as is."""
+        if cached is not None:
+            values = cached_key_bias(cached, num_txt, tokens + cached.shape[0])
+        elif values is not None and values.ndim == 1:
+            values = self.comm.arrange_keys(values)
+        elif values is not None:
+            order = self.comm.arrange_keys(torch.arange(values.shape[0], dtype=torch.float32))
+            order = order.long().to(values.device)
+            values = values.index_select(0, order).index_select(1, order)
+        if values is None:
+            return None
+        return attention_bias(values if values.dtype == torch.bool else values.to(dtype))
 
 
 @dataclass

@@ -35,6 +35,14 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def check_strength(s, what: str, zero: str) -> None:
+    """A strength from 0 (``zero``: what 0 does) to ``MAX_STRENGTH``, 1 being plain; else a named error."""
+    if not _number(s) or not 0.0 <= s <= MAX_STRENGTH:
+        raise Flux2Error(
+            f"{what} {s} is not allowed: use a number from 0 ({zero}) to {MAX_STRENGTH:g}, 1 being plain"
+        )
+
+
 @dataclass(frozen=True)
 class ReferenceStrength:
     """One reference's strength ``strength`` over the steps ``start <= i / n < end``, 0 outside them."""
@@ -44,12 +52,8 @@ class ReferenceStrength:
     end: float = 1.0
 
     def __post_init__(self) -> None:
-        s, start, end = self.strength, self.start, self.end
-        if not _number(s) or not 0.0 <= s <= MAX_STRENGTH:
-            raise Flux2Error(
-                f"reference strength {s} is not allowed: use a number from 0 (ignore the reference) to "
-                f"{MAX_STRENGTH:g}, 1 being the plain edit"
-            )
+        start, end = self.start, self.end
+        check_strength(self.strength, "reference strength", "ignore the reference")
         if not (_number(start) and _number(end) and 0.0 <= start <= end <= 1.0):
             raise Flux2Error(
                 f"reference step range start {start}, end {end} is not allowed: use fractions of the steps "

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import Flux2Error
+from .reference_strength import check_strength
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: its fields are tensors
@@ -42,11 +43,7 @@ class Region:
     strength: float = 1.0
 
     def __post_init__(self) -> None:
-        s = self.strength
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s <= 10:
-            raise Flux2Error(
-                f"region strength {s} is not allowed: use a number from 0 (off) to 10, 1 being plain"
-            )
+        check_strength(self.strength, "region strength", "leave the region out")
         if self.embeds.ndim != 3 or self.embeds.shape[0] != 1:
             raise Flux2Error(
                 f"a region's conditioning has shape {list(self.embeds.shape)}, not [1, tokens, width]: "

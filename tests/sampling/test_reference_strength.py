@@ -13,10 +13,10 @@ from tiny_vae import write_bfl_file as write_vae_file
 
 from flux2_core.denoiser import KleinDenoiser
 from flux2_core.devices.streaming import disable_streaming, enable_streaming
-from flux2_core.dit.attention import KeyBias
+from flux2_core.dit.attention import attention_bias
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.kv_cache import RefKVLayer
-from flux2_core.dit.layers import joint_attention
+from flux2_core.dit.layers import cached_key_bias, joint_attention
 from flux2_core.dit.rope import image_ids, text_ids
 from flux2_core.errors import Flux2Error
 from flux2_core.kv_store import RefKVStore
@@ -80,7 +80,7 @@ def test_one_attention_with_reference_strengths_is_the_formula():
     q, k, v = _qkv(length=10)
     ref_bias = key_bias([0.5, 3.0], [2, 1], torch.float32, "cpu")
     own = torch.cat([torch.zeros(7), ref_bias])
-    got = joint_attention(q.clone(), k.clone(), v, _no_rope(10), num_txt=3, attn_bias=KeyBias(own=own))
+    got = joint_attention(q.clone(), k.clone(), v, _no_rope(10), num_txt=3, attn_bias=attention_bias(own))
     expected = _by_hand(q, k, v, own)
     torch.testing.assert_close(got, expected.permute(0, 2, 1, 3).flatten(2).float(), atol=1e-5, rtol=1e-5)
 
@@ -92,7 +92,13 @@ def test_the_kv_model_biases_the_cached_keys_spliced_after_the_text():
     layer.store(k_ref, v_ref)
     ref_bias = key_bias([0.25], [3], torch.float32, "cpu")
     got = joint_attention(
-        q.clone(), k.clone(), v, _no_rope(6), num_txt=2, kv=layer, attn_bias=KeyBias(cached=ref_bias)
+        q.clone(),
+        k.clone(),
+        v,
+        _no_rope(6),
+        num_txt=2,
+        kv=layer,
+        attn_bias=attention_bias(cached_key_bias(ref_bias, 2, 9)),
     )
     keys = torch.cat([k[:, :, :2], k_ref, k[:, :, 2:]], dim=2)
     values = torch.cat([v[:, :, :2], v_ref, v[:, :, 2:]], dim=2)

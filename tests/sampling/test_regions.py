@@ -11,7 +11,7 @@ from tiny_dit import make_diffusers_dit, write_bfl_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core.dit.attention import KeyBias
+from flux2_core.dit.attention import attention_bias
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.layers import joint_attention
 from flux2_core.errors import Flux2Error
@@ -68,7 +68,7 @@ def test_one_attention_under_the_mask_is_the_formula():
     regions = RegionalPrompt(_embeds(0, 2), (Region(_embeds(1, 2), left, 0.5),))
     _, bias = regional_plan(regions, (1, 2), torch.float32, "cpu")
     rope = torch.stack([torch.ones(6, 8), torch.zeros(6, 8)], -1)  # the identity rotation
-    got = joint_attention(q.clone(), k.clone(), v, rope, num_txt=4, attn_bias=KeyBias(own=bias))
+    got = joint_attention(q.clone(), k.clone(), v, rope, num_txt=4, attn_bias=attention_bias(bias))
     logits = q.double() @ k.double().transpose(-1, -2) / 4.0 + bias.double()
     expected = (logits.softmax(-1) @ v.double()).permute(0, 2, 1, 3).flatten(2)
     torch.testing.assert_close(got, expected.float(), atol=1e-5, rtol=1e-5)
@@ -191,8 +191,8 @@ def test_regions_at_strength_one_use_a_boolean_mask_that_attends_as_the_additive
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 7, 16, generator=g) for _ in range(3))
     rope = torch.stack([torch.ones(7, 8), torch.zeros(7, 8)], -1)
-    masked = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=KeyBias(own=allowed))
-    added = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=KeyBias(own=additive))
+    masked = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=attention_bias(allowed))
+    added = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=attention_bias(additive))
     torch.testing.assert_close(masked, added, atol=1e-6, rtol=1e-6)
 
 
