@@ -6,9 +6,9 @@
 Both calls run the same DiT in the same process, in turn (plain, regional, plain, ...), after one warm-up
 each: the plain step reads one 512-token prompt; the regional one reads the global prompt and N region
 prompts (512 tokens each, as FLUX.2 Text Encode gives them) under the regional mask (each region a vertical
-stripe of the picture). Printed: the median time per step, the peak of live tensor memory during the step
-(``live_tensors``), and the ratios regional / plain. Per-block costs are what grow, so a few blocks at the
-real widths give the ratio of the whole model.
+stripe of the picture), attended group by group (``attention.GroupedMask``). Printed: the median time per
+step, the peak of live tensor memory during the step (``live_tensors``), and the ratios regional / plain.
+Per-block costs are what grow, so a few blocks at the real widths give the ratio of the whole model.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def main() -> None:
     print(
         f"{device} {args.dtype}, {net.config.hidden_size} wide, {net.config.depth}+"
         f"{net.config.depth_single_blocks} blocks, {args.size}x{args.size} ({grid * grid} image tokens), "
-        f"{args.regions} regions + a global prompt ({context.shape[1]} text tokens; mask "
-        f"{mask.numel() * mask.element_size() / 2**20:.0f} MiB)"
+        f"{args.regions} regions + a global prompt ({context.shape[1]} text tokens; the mask in "
+        f"{len(mask.groups)} groups of queries)"
     )
     for name in calls:
         print(

@@ -110,8 +110,8 @@ def estimate_memory(
     regions: RegionalPrompt | None = None,
 ) -> int:
     """Rough peak bytes of activations (plus the KV cache, plus the device copies of streamed blocks, plus a
-    regional prompt's longer text and its mask) for one sampling run of a loaded model; ``references`` may
-    also be just their number of tokens."""
+    regional prompt's longer text and its grouped attention's gathers) for one sampling run of a loaded model;
+    ``references`` may also be just their number of tokens."""
     num_ref = references if isinstance(references, int) else (references.num_tokens if references else 0)
     streamer = streamer_of(model.transformer)
     streamed = streamer.working_bytes if streamer is not None else 0
@@ -119,8 +119,9 @@ def estimate_memory(
     text, mask = FLUX2.max_text_tokens, 0
     if regions is not None:
         counts = [regions.global_embeds.shape[1]] + [r.embeds.shape[1] for r in regions.regions]
-        additive = any(r.strength != 1.0 for r in regions.regions)
-        text, mask = regional_cost(counts, settings.grid, additive, dtype.itemsize)
+        text, mask = regional_cost(
+            counts, settings.grid, model.config.hidden_size, dtype.itemsize, settings.batch_size
+        )
     activations = sampling_memory(model.config, model.variant, dtype, settings, num_ref, text)
     return activations + mask + streamed
 

@@ -184,9 +184,11 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     pixels = sum(w * h for w, h in request.sizes) + (width * height if inpaint else 0)
     num_ref_tokens = pixels // FLUX2.size_multiple**2
     activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens)
-    if request.regions:  # every prompt is 512 tokens; the boolean mask over them and the image (strength 1)
+    if request.regions:  # every prompt is 512 tokens; what the grouped attention gathers over them
         counts = [FLUX2.max_text_tokens] * ((1 if args.prompt else 0) + len(request.regions))
-        text, mask = regional_cost(counts, settings.grid, False, 1)
+        text, mask = regional_cost(
+            counts, settings.grid, config.hidden_size, dtype.itemsize, settings.batch_size
+        )
         activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens, text) + mask
     in_ram = None
     if args.offload == "stream":  # what stays on the device, plus the blocks in flight; all of it in RAM

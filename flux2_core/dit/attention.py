@@ -19,7 +19,9 @@ fixes the choice (``auto``, the default, measures).
 
 An optional ``bias`` (broadcast to [B, H, Lq, Lk]) is added to the scaled logits before the softmax, by both
 implementations: additive in the queries' dtype (``-inf`` masks a key), or boolean (False masks it).
-``attention_bias`` shapes the DiT's: a value per key (reference strength) or a mask (regional prompts).
+``attention_bias`` shapes the DiT's: a value per key (reference strength) or a mask. A mask can also come
+factored as a ``GroupedMask`` (regional prompts): groups of queries that each attend to one set of keys,
+attended group by group, so no [Lq, Lk] matrix is formed and the masked keys cost nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +48,74 @@ def attention_bias(values: torch.Tensor) -> torch.Tensor:
     """A bias over the keys, [Lk] (the same for every query) or [Lq, Lk] (a mask), as the kernels broadcast
     it over batch and heads: [1, 1, 1 or Lq, Lk]."""
     return values.view(1, 1, *values.shape) if values.ndim == 2 else values.view(1, 1, 1, -1)
+
+
+@dataclass(frozen=True, eq=False)
+class KeyGroup:
+    """Queries (positions [n]) that attend to the same keys: ``keys`` (positions [m], ascending; None: every
+    key), ``bias`` ([m], or [Lk] with every key) added to their logits, additive (None: 0)."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class GroupedMask:
+    """A mask over a sequence of ``length`` tokens attending to itself, in factored form: every query is in
+    exactly one group of ``groups``. Attention gathers each group's queries (and its keys, where it names
+    them), attends, and writes the group's rows of the output: the softmax of each query over the same keys
+    with the same logits as under the dense mask (``dense``), without forming it."""
+
+    length: int
+    groups: tuple[KeyGroup, ...]
+
+    def to(self, device=None, dtype=None) -> GroupedMask:
+        """On ``device``, its biases in ``dtype``."""
+        groups = []
+        for g in self.groups:
+            keys = None if g.keys is None else g.keys.to(device)
+            bias = None if g.bias is None else g.bias.to(device=device, dtype=dtype)
+            groups.append(KeyGroup(g.queries.to(device), keys, bias))
+        return GroupedMask(self.length, tuple(groups))
+
+    def arranged(self, order: torch.Tensor) -> GroupedMask:
+        """The same mask over the tokens reordered so that place j holds token ``order[j]``."""
+        place = torch.empty_like(order)
+        place[order] = torch.arange(order.numel(), device=order.device)
+        out = []
+        for g in self.groups:
+            keys, bias = g.keys, g.bias
+            if keys is not None:  # keep the keys ascending in their new places, each with its bias
+                keys, turn = place[keys.to(place.device)].sort()
+                bias = None if bias is None else bias[turn.to(bias.device)]
+            elif bias is not None:
+                bias = bias[order.to(bias.device)]
+            out.append(KeyGroup(place[g.queries.to(place.device)], keys, bias))
+        return GroupedMask(self.length, tuple(out))
+
+    def dense(self) -> torch.Tensor:
+        """The [L, L] mask it stands for: boolean (True: attends) when every bias is 0 or -inf, else additive
+        (-inf masks)."""
+        dtype = next((g.bias.dtype for g in self.groups if g.bias is not None), torch.float32)
+        out = torch.full((self.length, self.length), -torch.inf, dtype=dtype)
+        for g in self.groups:
+            keys = torch.arange(self.length) if g.keys is None else g.keys.cpu()
+            row = torch.zeros(keys.numel(), dtype=dtype) if g.bias is None else g.bias.cpu()
+            out[g.queries.cpu()[:, None], keys[None]] = row
+        allowed = out > -torch.inf
+        return allowed if bool((out[allowed] == 0).all()) else out
+
+    def attend(self, q, k, v, kernel) -> torch.Tensor:
+        """Attention of [B, H, L, D] q, k, v under the mask, each group by ``kernel(q, k, v, bias)``."""
+        out = torch.empty_like(q)
+        for g in self.groups:
+            keys, values = k, v
+            if g.keys is not None:
+                keys, values = k.index_select(2, g.keys), v.index_select(2, g.keys)
+            bias = None if g.bias is None else attention_bias(g.bias)
+            out.index_copy_(2, g.queries, kernel(q.index_select(2, g.queries), keys, values, bias))
+        return out
 
 
 def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) -> torch.Tensor:
@@ -71,7 +142,9 @@ _CHOSEN: dict[tuple, str] = {}  # shape class -> kernel name, for the process
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention of [B, H, Lq, D] queries over [B, H, Lk, D] keys and values, ``bias`` added to the
-    logits."""
+    logits (a tensor, or a ``GroupedMask``)."""
+    if isinstance(bias, GroupedMask):
+        return bias.attend(q, k, v, sdpa)
     if q.device.type != "cpu" or q.dtype not in MEASURED_DTYPES:
         return sdpa_kernel(q, k, v, bias)
     fixed = os.environ.get(CHOICE_ENV, "auto")

@@ -15,9 +15,9 @@ models. The KV checkpoint instead modulates references at t = 0 and lets them at
 ``forward_kv_cached`` runs text and noisy tokens against that cache at every step.
 
 ``ref_bias`` [R] (both entry points) is added to the attention logits of every query against each reference
-key, in every block: log of each reference's strength (``reference_strength``). ``attn_mask`` [L, L]
-(``forward``, without references) is added to the logits of the joint ``[text; image]`` sequence: the
-regional prompts' mask (``steering.regions``).
+key, in every block: log of each reference's strength (``reference_strength``). ``attn_mask`` (``forward``,
+without references), an [L, L] tensor or an ``attention.GroupedMask``, masks the joint ``[text; image]``
+sequence: the regional prompts' mask (``steering.regions``).
 
 ``comm`` (``layers.LOCAL`` in one process) splits the tokens among the processes of a sequence-parallel run
 before the blocks and gathers the image tokens after them (``parallel``).
@@ -34,7 +34,7 @@ from ..configs import Flux2Config, Variant
 from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..hooks import weight_mover
 from ..ops import Linear
-from .attention import attention_bias
+from .attention import GroupedMask, attention_bias
 from .kv_cache import RefKVCache
 from .layers import (
     LOCAL,
@@ -186,8 +186,8 @@ class Flux2Transformer(DiT):
     ):  # fmt: skip
         """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part.
         ``step_cache`` (a ``step_cache.FirstBlockCache``) may end the step after the first block;
-        ``attn_bias`` ([L] over the keys in ``[text; image]`` order, or an [L, L] mask) or ``cached_bias``
-        ([R] over the KV model's cached reference keys) goes to every attention."""
+        ``attn_bias`` ([L] over the keys in ``[text; image]`` order, an [L, L] mask or a ``GroupedMask``) or
+        ``cached_bias`` ([R] over the KV model's cached reference keys) goes to every attention."""
         img_mod, txt_mod, single_mod = mods
         tokens = ctx.shape[1] + img.shape[1]
         ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
@@ -220,6 +220,9 @@ class Flux2Transformer(DiT):
         this process's ``num_txt`` text keys (of ``tokens`` in all); additive in ``dtype``, a mask as is."""
         if cached is not None:
             values = cached_key_bias(cached, num_txt, tokens + cached.shape[0])
+        elif isinstance(values, GroupedMask):
+            order = self.comm.arrange_keys(torch.arange(tokens, dtype=torch.float32)).long()
+            return values.arranged(order).to(dtype=dtype)
         elif values is not None and values.ndim == 1:
             values = self.comm.arrange_keys(values)
         elif values is not None:

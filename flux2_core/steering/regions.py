@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..dit.attention import GroupedMask, KeyGroup
 from ..errors import Flux2Error
 from .reference_strength import check_strength
 
@@ -76,13 +77,15 @@ class RegionalPrompt:
 
 
 def regional_cost(
-    text_tokens: list[int], grid: tuple[int, int], additive: bool, itemsize: int
+    text_tokens: list[int], grid: tuple[int, int], hidden: int, itemsize: int, batch: int = 1
 ) -> tuple[int, int]:
-    """(text tokens of the joined prompts, bytes of their mask) at ``grid``, from the prompts' token counts
-    (the global prompt's first; 0 for none) before any mask is read: the most a run can need."""
-    total = sum(text_tokens)
-    length = total + grid[0] * grid[1]
-    return total, length * length * (itemsize if additive else 1)
+    """(text tokens of the joined prompts, bytes the grouped attention gathers at once) at ``grid``, from the
+    prompts' token counts (the global prompt's first; 0 for none) before any mask is read: the most a run can
+    need. The largest gathers are one group's keys and values (at most every token) and its queries and
+    output (at most every image token), ``hidden`` wide."""
+    n_img = grid[0] * grid[1]
+    gathered = 2 * (sum(text_tokens) + n_img) + 2 * n_img
+    return sum(text_tokens), batch * gathered * hidden * itemsize
 
 
 def latent_region_mask(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -92,9 +95,14 @@ def latent_region_mask(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
 
 
 def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
-    """(the joined text conditioning [B, T, C], the attention mask [T + N, T + N] over ``[text; image]``, or
-    None when the run is a plain one): boolean (True: attends) when every region is at strength 1, else
-    additive in ``dtype`` (0, log(strength), -inf)."""
+    """(the joined text conditioning [B, T, C], the attention mask over ``[text; image]`` as a
+    ``GroupedMask``, or None when the run is a plain one).
+
+    The mask comes factored: the global prompt's text is one group of queries (keys: itself and every image
+    token), each region's text another (itself and the image tokens inside its mask), and the image tokens
+    fall into one group per set of regions holding them (the global text, the text of those regions, with
+    + log(strength) where a strength is not 1, and every image token). Attention then runs group by group on
+    those keys: no [L, L] matrix, and no work on the keys a query cannot see."""
     glob = prompt.global_embeds
     kept = [(r, latent_region_mask(r.mask, grid)) for r in prompt.regions if r.strength > 0]
     kept = [(r, m) for r, m in kept if bool(m.any())]
@@ -110,25 +118,25 @@ def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
     context = torch.cat(texts, dim=1)
     if not prompt.has_global and len(kept) == 1 and bool(kept[0][1].all()) and kept[0][0].strength == 1.0:
         return context, None  # one region over the whole image: the plain run of its prompt
-    n_img, t0 = grid[0] * grid[1], glob.shape[1]
-    total = context.shape[1] + n_img
-    img = slice(context.shape[1], total)
-    allowed = torch.zeros(total, total, dtype=torch.bool)
-    bias = torch.zeros(total, total, dtype=torch.float32)
-    allowed[:t0, :t0] = True
-    allowed[:t0, img] = True
-    allowed[img, img] = True
-    allowed[img, :t0] = True
-    start = t0
-    for region, inside in kept:
-        text = slice(start, start + region.embeds.shape[1])
-        allowed[text, text] = True
-        allowed[text, img] = inside[None, :]
-        allowed[img, text] = inside[:, None]
-        if region.strength != 1.0:
-            bias[img, text] += torch.where(inside[:, None], math.log(region.strength), 0.0)
-        start = text.stop
-    if all(region.strength == 1.0 for region, _ in kept):  # a boolean mask: a quarter of float32's bytes
-        return context, allowed.to(device)
-    bias = bias.masked_fill(~allowed, -math.inf)
-    return context, bias.to(device, dtype)
+    t0, num_txt = glob.shape[1], context.shape[1]
+    image = torch.arange(num_txt, num_txt + grid[0] * grid[1])
+    spans, start = [], t0
+    for region, _ in kept:
+        spans.append(torch.arange(start, start + region.embeds.shape[1]))
+        start += region.embeds.shape[1]
+    groups = []
+    if t0 > 0:
+        groups.append(KeyGroup(torch.arange(t0), torch.cat([torch.arange(t0), image])))
+    for span, (_, inside) in zip(spans, kept):
+        groups.append(KeyGroup(span, torch.cat([span, image[inside]])))
+    holders = torch.stack([inside for _, inside in kept], dim=1)  # [image tokens, regions]
+    sets, which = torch.unique(holders, dim=0, return_inverse=True)
+    for n, held in enumerate(sets.tolist()):
+        keys, bias = [torch.arange(t0)], [torch.zeros(t0)]
+        for span, (region, _), inside in zip(spans, kept, held):
+            if inside:
+                keys.append(span)
+                bias.append(torch.full((span.numel(),), math.log(region.strength)))
+        keys, bias = torch.cat([*keys, image]), torch.cat([*bias, torch.zeros(image.numel())])
+        groups.append(KeyGroup(image[which == n], keys, None if bool((bias == 0).all()) else bias.to(dtype)))
+    return context, GroupedMask(num_txt + image.numel(), tuple(groups)).to(device)

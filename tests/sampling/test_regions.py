@@ -11,7 +11,7 @@ from tiny_dit import make_diffusers_dit, write_bfl_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core.dit.attention import attention_bias
+from flux2_core.dit.attention import attention_bias, sdpa
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.layers import joint_attention
 from flux2_core.errors import Flux2Error
@@ -38,7 +38,7 @@ def test_the_mask_is_the_rule_written_out():
     regions = RegionalPrompt(
         _embeds(0, 2), (Region(_embeds(1, 1), left), Region(_embeds(2, 1), 1 - left, 2.0))
     )
-    context, bias = regional_plan(regions, (1, 2), torch.float32, "cpu")
+    context, mask = regional_plan(regions, (1, 2), torch.float32, "cpu")
     assert context.shape == (1, 4, 24)
     log2 = math.log(2.0)
     #                 g0   g1   a    b    i0   i1      (keys)
@@ -50,7 +50,19 @@ def test_the_mask_is_the_rule_written_out():
         [0.0, 0.0, 0.0, INF, 0.0, 0.0],  # i0 (left): global, a, every image token
         [0.0, 0.0, INF, log2, 0.0, 0.0],  # i1 (right): global, b at strength 2, every image token
     ])  # fmt: skip
-    assert torch.equal(bias, expected)
+    assert torch.equal(mask.dense(), expected)
+    # the factored form: one group for the global text, one per region's text, one per set of regions
+    keys = {tuple(g.queries.tolist()): g.keys.tolist() for g in mask.groups}
+    assert keys == {
+        (0, 1): [0, 1, 4, 5],
+        (2,): [2, 4],
+        (3,): [3, 5],
+        (4,): [0, 1, 2, 4, 5],
+        (5,): [0, 1, 3, 4, 5],
+    }
+    bias = {tuple(g.queries.tolist()): None if g.bias is None else g.bias.tolist() for g in mask.groups}
+    assert bias[(5,)] == pytest.approx([0.0, 0.0, log2, 0.0, 0.0])  # i1 reads b at strength 2
+    assert bias[(4,)] is None
 
 
 def test_latent_masks_count_a_token_when_half_its_pixels_are_white():
@@ -66,12 +78,49 @@ def test_one_attention_under_the_mask_is_the_formula():
     q, k, v = (torch.randn(1, 2, 6, 16, generator=g) for _ in range(3))
     left = torch.tensor([[1.0] * 16 + [0.0] * 16] * 16)
     regions = RegionalPrompt(_embeds(0, 2), (Region(_embeds(1, 2), left, 0.5),))
-    _, bias = regional_plan(regions, (1, 2), torch.float32, "cpu")
+    _, mask = regional_plan(regions, (1, 2), torch.float32, "cpu")
     rope = torch.stack([torch.ones(6, 8), torch.zeros(6, 8)], -1)  # the identity rotation
-    got = joint_attention(q.clone(), k.clone(), v, rope, num_txt=4, attn_bias=attention_bias(bias))
-    logits = q.double() @ k.double().transpose(-1, -2) / 4.0 + bias.double()
+    got = joint_attention(q.clone(), k.clone(), v, rope, num_txt=4, attn_bias=mask)
+    logits = q.double() @ k.double().transpose(-1, -2) / 4.0 + mask.dense().double()
     expected = (logits.softmax(-1) @ v.double()).permute(0, 2, 1, 3).flatten(2)
     torch.testing.assert_close(got, expected.float(), atol=1e-5, rtol=1e-5)
+
+
+def _three_overlapping_regions():
+    """A 3 x 4 grid under a global prompt of 3 tokens and three overlapping regions (one at strength 0.7)."""
+    masks = [torch.zeros(48, 64) for _ in range(3)]
+    masks[0][:, :32] = 1
+    masks[1][16:, 16:48] = 1
+    masks[2][:32, 32:] = 1
+    strengths = (1.0, 0.7, 1.0)
+    regions = tuple(Region(_embeds(5 + i, 2 + i), m, s) for i, (m, s) in enumerate(zip(masks, strengths)))
+    return RegionalPrompt(_embeds(4, 3), regions)
+
+
+def test_the_grouped_mask_attends_as_its_dense_form():
+    # 12 image tokens held by every combination of three overlapping regions: each query over the same keys
+    # as under the dense [L, L] mask, with the same logits
+    _, mask = regional_plan(_three_overlapping_regions(), (3, 4), torch.float32, "cpu")
+    length = mask.length
+    assert length == 3 + 2 + 3 + 4 + 12 and len(mask.groups) > 5
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, length, 16, generator=g) for _ in range(3))
+    got = mask.attend(q, k, v, sdpa)
+    expected = sdpa(q, k, v, attention_bias(mask.dense()))
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    assert sorted(torch.cat([grp.queries for grp in mask.groups]).tolist()) == list(range(length))
+
+
+def test_the_grouped_mask_follows_its_tokens_when_they_are_reordered():
+    # sequence parallelism hands attention the tokens in another order (``arranged``)
+    _, mask = regional_plan(_three_overlapping_regions(), (3, 4), torch.float32, "cpu")
+    order = torch.randperm(mask.length, generator=torch.Generator().manual_seed(3))
+    dense = mask.dense()
+    assert torch.equal(mask.arranged(order).dense(), dense[order][:, order])
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, mask.length, 8, generator=g) for _ in range(3))
+    got = mask.arranged(order).attend(q[:, :, order], k[:, :, order], v[:, :, order], sdpa)
+    torch.testing.assert_close(got, mask.attend(q, k, v, sdpa)[:, :, order], atol=1e-6, rtol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -182,18 +231,17 @@ def test_bad_regions_are_refused_by_name(make, message):
         make()
 
 
-def test_regions_at_strength_one_use_a_boolean_mask_that_attends_as_the_additive_one():
+def test_regions_at_strength_one_carry_no_bias():
     left = torch.tensor([[1.0] * 16 + [0.0] * 16] * 16)
     regions = RegionalPrompt(_embeds(0, 2), (Region(_embeds(1, 2), left), Region(_embeds(2, 1), 1 - left)))
-    _, allowed = regional_plan(regions, (1, 2), torch.float32, "cpu")
-    assert allowed.dtype == torch.bool
-    additive = torch.zeros(allowed.shape).masked_fill(~allowed, -math.inf)
-    g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, 2, 7, 16, generator=g) for _ in range(3))
-    rope = torch.stack([torch.ones(7, 8), torch.zeros(7, 8)], -1)
-    masked = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=attention_bias(allowed))
-    added = joint_attention(q.clone(), k.clone(), v, rope, num_txt=5, attn_bias=attention_bias(additive))
-    torch.testing.assert_close(masked, added, atol=1e-6, rtol=1e-6)
+    _, mask = regional_plan(regions, (1, 2), torch.float32, "cpu")
+    assert mask.dense().dtype == torch.bool
+    # the image tokens see every key but the other region's text, with no bias
+    image_groups = {g.queries.item(): (g.keys.tolist(), g.bias) for g in mask.groups if g.queries.min() >= 5}
+    assert image_groups == {
+        5: ([0, 1, 2, 3, 5, 6], None),  # the left token: not region B's text
+        6: ([0, 1, 4, 5, 6], None),  # the right one: not region A's
+    }
 
 
 def test_the_memory_estimate_counts_the_joined_prompts_and_the_mask(model):
@@ -204,9 +252,11 @@ def test_the_memory_estimate_counts_the_joined_prompts_and_the_mask(model):
     settings = SampleSettings(64, 96, 4, 1.0, 5)  # 24 image tokens
     glob, a = _embeds(30, 512), _embeds(31, 512)
     plain = estimate_memory(dit, settings, None)
-    for strength, mask_item in ((1.0, 1), (0.5, 4)):  # boolean, then additive float32
-        regions = RegionalPrompt(glob, (Region(a, LEFT, strength),))
-        got = estimate_memory(dit, settings, None, regions)
-        longer = activation_bytes(1, 1024 + 24, dit.config.hidden_size, torch.float32)
-        shorter = activation_bytes(1, 512 + 24, dit.config.hidden_size, torch.float32)
-        assert got - plain == longer - shorter + (1024 + 24) ** 2 * mask_item
+    regions = RegionalPrompt(glob, (Region(a, LEFT, 0.5),))
+    got = estimate_memory(dit, settings, None, regions)
+    hidden = dit.config.hidden_size
+    longer = activation_bytes(1, 1024 + 24, hidden, torch.float32)
+    shorter = activation_bytes(1, 512 + 24, hidden, torch.float32)
+    # one group's keys and values (at most all 1024 + 24 tokens), its queries and output (24 image tokens)
+    gathered = (2 * (1024 + 24) + 2 * 24) * hidden * 4
+    assert got - plain == longer - shorter + gathered
