@@ -99,8 +99,10 @@ from .steering.reference_strength import ReferenceStrength, at_step, step_of
 from .steering.regions import Region, RegionalPrompt, regional_plan
 from .text.encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
 from .vae.autoencoder import AutoEncoder, load_vae
+from .weights.kitchen import MODES as QUANT_COMPUTE_MODES
 
 __all__ = [
+    "QUANT_COMPUTE_MODES",
     "FIT_MODES",
     "FLUX1",
     "FLUX2",

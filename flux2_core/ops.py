@@ -10,7 +10,11 @@ Quantised storages are further sources: they dequantise per call and never write
 *Patches* (LoRA and its relatives, any ``WeightPatch``) are added on top at compute time, on the whole weight
 or on a row range of a fused one (one of q/k/v in ``qkv``, a part of a single block's ``linear1``). They are
 applied in float32 on a copy of the weight, never into the stored tensor, so a quantised weight is never
-re-quantised and removing a patch (by the key it was added under) restores the layer exactly.
+re-quantised and removing a patch (by the key it was added under) restores the layer exactly. A source that
+multiplies in its own format (``linear``: fp8, nvfp4, mxfp8, int4 through comfy-kitchen, int8 W8A8) keeps
+doing so under patches that can say their own output (``output(x) = x delta^T``: LoRA, LoKr, LoHa, full
+deltas), added beside its matmul; one that cannot (DoRA, which renormalises the whole weight) makes the layer
+dequantise, patch and multiply as above.
 
 ``adopt_linears`` swaps the ``nn.Linear`` modules of a model built elsewhere (transformers' Qwen3) for this
 type after the meta build, keeping their parameters, so blocks never know which kind they hold.
@@ -32,8 +36,8 @@ class WeightSource(Protocol):
 
     def weight(self, layer: Linear, dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
 
-    # Optionally ``linear(layer, x) -> Tensor | None``: the layer's output by the source's own matmul (int8
-    # W8A8), used when no patch is attached; ``None`` falls back to ``F.linear`` with ``weight(...)``.
+    # Optionally ``linear(layer, x) -> Tensor | None``: the layer's output without bias by the source's own
+    # matmul in its stored format; ``None`` falls back to ``F.linear`` with ``weight(...)``.
 
 
 class PlainWeight:
@@ -64,6 +68,9 @@ class WeightPatch(Protocol):
 
     def apply(self, w: torch.Tensor) -> None: ...
 
+    # Optionally ``output(x) -> Tensor``: ``x delta^T`` for a float32 ``x`` [..., in_features], the patch's
+    # share of the layer's output ([..., rows]), so a layer computing in its stored format keeps doing so.
+
 
 @dataclass(frozen=True)
 class LowRankPatch:
@@ -86,6 +93,10 @@ class LowRankPatch:
 
     def apply(self, w: torch.Tensor) -> None:
         w.add_(self.delta(w.device))
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        up, down = self.up.to(x.device, torch.float32), self.down.to(x.device, torch.float32)
+        return self.strength * ((x @ down.T) @ up.T)
 
 
 class Linear(nn.Module):
@@ -143,12 +154,23 @@ class Linear(nn.Module):
         bias = self.bias
         if bias is not None and (bias.device != x.device or bias.dtype != x.dtype):
             bias = bias.to(device=x.device, dtype=x.dtype)
-        own = getattr(self.source, "linear", None)  # a source with its own low-precision matmul
-        if own is not None and not self.patches:
+        own = getattr(self.source, "linear", None)  # a source with its own matmul in its stored format
+        if own is not None and all(hasattr(p, "output") for p in self.patches.values()):
             y = own(self, x)
             if y is not None:
+                if self.patches:
+                    y = y + self.patch_output(x)
                 return y if bias is None else y + bias
         return F.linear(x, self.compute_weight(x.dtype, x.device), bias)
+
+    def patch_output(self, x: torch.Tensor) -> torch.Tensor:
+        """The patches' share of the output, ``x (sum of deltas)^T`` in float32, in ``x``'s dtype."""
+        xf = x.float()
+        out = xf.new_zeros(*x.shape[:-1], self.out_features)
+        for patch in self.patches.values():
+            offset, size = patch.rows or (0, self.out_features)
+            out[..., offset : offset + size] += patch.output(xf)
+        return out.to(x.dtype)
 
 
 def adopt_linears(module: nn.Module) -> nn.Module:

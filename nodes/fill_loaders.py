@@ -11,6 +11,7 @@ import torch
 
 from ..flux2_core import Flux2Error, load_fill_text_encoder, load_fill_transformer, load_flux1_vae
 from . import host, sockets, types
+from .loaders import quant_compute_input
 from .model_files import empty_folder_entry, empty_folder_message
 from .sockets import io
 
@@ -75,6 +76,7 @@ class Flux1FillModelLoader(io.ComfyNode):
                     tooltip=TOOLTIPS["weight_dtype"],
                     default="default",
                 ),  # fmt: skip
+                quant_compute_input(),
             ],
             outputs=[
                 sockets.FillModel.Output(
@@ -84,13 +86,17 @@ class Flux1FillModelLoader(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, model_name: str, weight_dtype: str = "default") -> io.NodeOutput:
+    def execute(
+        cls, model_name: str, weight_dtype: str = "default", quant_compute: str = "auto"
+    ) -> io.NodeOutput:
         load_device, offload_device = host.devices("diffusion_model")
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
         path = _path("diffusion_models", model_name, DIT_FILE)
         # A chosen dtype dequantises quantised files at load; so does Apple's MPS, which cannot hold float8.
         keep = weight_dtype == "default" and load_device.type != "mps"
-        model = load_fill_transformer(path, dtype=dtype, device=offload_device, keep_quantized=keep)
+        model = load_fill_transformer(
+            path, dtype=dtype, device=offload_device, keep_quantized=keep, quant_compute=quant_compute
+        )
         return io.NodeOutput(
             types.FillModel(model, host.manage(model.transformer, load_device, offload_device))
         )

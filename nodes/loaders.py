@@ -13,6 +13,7 @@ import logging
 import torch
 
 from ..flux2_core import (
+    QUANT_COMPUTE_MODES,
     VARIANTS,
     Flux2Error,
     enable_streaming,
@@ -32,6 +33,25 @@ WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 TEXT_ENCODER_DEVICES = ("default", "cpu")  # then the accelerators this machine has (cuda:0, ...)
 CATEGORY = "flux2_klein/loaders"
 log = logging.getLogger(__name__)
+
+QUANT_COMPUTE_TOOLTIP = (
+    "How the layers of a quantised file multiply. auto: in their own format where the GPU can, through "
+    "comfy-kitchen as native ComfyUI does (fp8 on RTX 40xx / Ada, Hopper and newer; nvfp4 and mxfp8 on "
+    "Blackwell; convrot_w4a4 everywhere), else dequantised first. dequantize: always dequantised to the "
+    "compute dtype first (the numerics of a bf16 matmul, slower on those GPUs). format: in format wherever "
+    "a kernel exists, even comfy-kitchen's slow CPU fallback (for checking). The log says per format which "
+    "ran. Memory stays the file's size either way; LoRAs add on top."
+)
+
+
+def quant_compute_input():
+    return io.Combo.Input(
+        "quant_compute",
+        options=list(QUANT_COMPUTE_MODES),
+        optional=True,
+        tooltip=QUANT_COMPUTE_TOOLTIP,
+        default="auto",
+    )
 
 
 TOOLTIPS = {
@@ -125,6 +145,7 @@ class Flux2KleinModelLoader(io.ComfyNode):
                 io.String.Input(
                     "devices", optional=True, tooltip=TOOLTIPS["devices"], default="", multiline=False
                 ),
+                quant_compute_input(),
             ],
             outputs=[
                 sockets.Model.Output(display_name="model", tooltip="The FLUX.2 DiT, for the FLUX.2 Sampler.")
@@ -149,6 +170,7 @@ class Flux2KleinModelLoader(io.ComfyNode):
         offload: str = "none",
         resident_mb=0,
         devices: str = "",
+        quant_compute: str = "auto",
     ) -> io.NodeOutput:
         chosen = _model_devices(devices, offload)
         load_device, offload_device = host.devices("diffusion_model", device=chosen[0] if chosen else None)
@@ -157,7 +179,12 @@ class Flux2KleinModelLoader(io.ComfyNode):
         # A chosen dtype dequantises quantised files at load; so does Apple's MPS, which cannot hold float8.
         keep = weight_dtype == "default" and all(d.type != "mps" for d in (chosen or [load_device]))
         model = load_transformer(
-            path, variant=variant, dtype=dtype, device=offload_device, keep_quantized=keep
+            path,
+            variant=variant,
+            dtype=dtype,
+            device=offload_device,
+            keep_quantized=keep,
+            quant_compute=quant_compute,
         )
         if offload == "stream":  # before the patcher: it then manages (and moves) only the resident part
             enable_streaming(

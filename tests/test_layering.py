@@ -69,6 +69,36 @@ def test_only_the_nodes_host_seams_import_the_host():
     assert host_imports(ROOT / "nodes" / "sockets.py") == ["comfy_api"]
 
 
+def test_one_core_module_imports_comfy_kitchen():
+    # comfy-kitchen is optional: its one importer turns its absence into a log line, never an error
+    importers = [
+        str(path.relative_to(ROOT))
+        for path in CORE_FILES
+        if any(
+            (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "comfy_kitchen" for a in n.names))
+            or (
+                isinstance(n, ast.ImportFrom)
+                and n.level == 0
+                and (n.module or "").startswith("comfy_kitchen")
+            )
+            for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    ]
+    assert importers == ["flux2_core/weights/kitchen.py"], importers
+    code = (
+        "import logging, sys\n"
+        "sys.modules['comfy_kitchen'] = None\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from flux2_core.weights import kitchen\n"
+        "assert kitchen.installed() is None\n"
+        "assert kitchen.choose('float8_e4m3fn', kitchen.Device('cuda', (9, 0)), 'auto', None, True).path == "
+        "'dequantize'\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "comfy-kitchen is not available" in run.stderr and "pip install -U comfy-kitchen" in run.stderr
+
+
 def test_core_files_stay_one_concept_each():
     for path in CORE_FILES:
         lines = len(path.read_text(encoding="utf-8").splitlines())

@@ -134,7 +134,7 @@ def generate_fill(request) -> list[Path]:
     vae = load_flux1_vae(args.vae, torch.float32, device)
     pixels = edit.pixels.permute(2, 0, 1)[None].float() * 2 - 1
     fill = fill_inputs(vae, pixels, edit.mask, with_source=edit.strength < 1.0, **tiles)
-    model: Flux1FillModel = load_fill_transformer(args.model, dtype, "cpu", keep)
+    model: Flux1FillModel = load_fill_transformer(args.model, dtype, "cpu", keep, args.quant_compute)
     model.transformer.to(device)
     if args.compile:
         compile_blocks(model.transformer)

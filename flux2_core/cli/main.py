@@ -18,6 +18,8 @@ from pathlib import Path
 from ..configs import VARIANTS
 from ..errors import Flux2Error, OutOfMemory
 from ..weights.hub import DEFAULT_MODEL
+from ..weights.kitchen import MODES as QUANT_COMPUTE
+from ..weights.kitchen import configure_for_command_line
 from .edit import IMG2IMG_STRENGTH
 from .fill import generate_fill, is_flux1_model
 from .parallel import ranks_for
@@ -105,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     gen.add_argument(
+        "--quant-compute",
+        default="auto",
+        choices=list(QUANT_COMPUTE),
+        help="how quantised layers multiply: auto (in their format through comfy-kitchen where the GPU can: "
+        "fp8 on compute capability 8.9+, nvfp4 / mxfp8 on 10.0+; else dequantised first), dequantize "
+        "(always dequantised first), format (in format wherever a kernel exists, slow: for checking)",
+    )
+    gen.add_argument(
         "--offload",
         default="none",
         choices=["none", "stream"],
@@ -149,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = build_parser().parse_args(argv)
+    configure_for_command_line()
     try:
         for path in generate(args):
             log.info("saved %s", path)

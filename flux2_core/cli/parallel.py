@@ -84,8 +84,10 @@ class Ranks:
     def dit_bytes(self, path, dtype: torch.dtype, whole: int) -> int:
         return whole
 
-    def load_transformer(self, path, variant: str, dtype: torch.dtype, keep: bool):
-        return load_transformer(path, variant=variant, dtype=dtype, device="cpu", keep_quantized=keep)
+    def load_transformer(self, path, variant: str, dtype: torch.dtype, keep: bool, compute: str = "auto"):
+        return load_transformer(
+            path, variant=variant, dtype=dtype, device="cpu", keep_quantized=keep, quant_compute=compute
+        )
 
     def close(self) -> None:
         pass
@@ -158,8 +160,10 @@ class ParallelRanks(Ranks):
     def dit_bytes(self, path, dtype, whole):
         return planned_weight_bytes(path, self.mode, self.dist.world, dtype, self.dist.rank)
 
-    def load_transformer(self, path, variant, dtype, keep):
-        return load_transformer_parallel(path, self.mode, variant, dtype, "cpu", keep_quantized=keep)
+    def load_transformer(self, path, variant, dtype, keep, compute="auto"):
+        return load_transformer_parallel(
+            path, self.mode, variant, dtype, "cpu", keep_quantized=keep, quant_compute=compute
+        )
 
     def close(self) -> None:
         close_distributed()

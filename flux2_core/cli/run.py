@@ -206,12 +206,17 @@ def encode_prompts(request: Request, plan: Plan, ranks: Ranks) -> tuple[Flux2Mod
     main process; the text encoder is released before sampling, so it never shares the device with the DiT."""
     args, device = request.args, request.device
     keep = device.type != "mps"  # MPS cannot hold float8: quantised files are dequantised at load there
-    model = ranks.load_transformer(args.model, args.variant, request.dtype, keep)
+    model = ranks.load_transformer(args.model, args.variant, request.dtype, keep, args.quant_compute)
     tokenizer = args.tokenizer[0] if args.tokenizer else None
     encoder = None
     if ranks.is_main:
         encoder = load_text_encoder(
-            plan.text_encoder, request.dtype, device, tokenizer_path=tokenizer, keep_quantized=keep
+            plan.text_encoder,
+            request.dtype,
+            device,
+            tokenizer_path=tokenizer,
+            keep_quantized=keep,
+            quant_compute=args.quant_compute,
         )
     for lora_file, strength in request.loras:  # each LoRA's report is logged as it is matched
         lora = prepare_lora(lora_file, model.transformer, encoder.model if encoder else None, strength)

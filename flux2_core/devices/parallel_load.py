@@ -7,8 +7,8 @@ columns straight from the file (``LazyTensors.read_slice``): a rank holds, and r
 sharded weights plus the replicated ones. Fused parts of diffusers files (separate q, k and v) are sliced
 each into their share of ours. Quantised layers: fp8 and int8 (ConvRot included, when the column cuts fall on
 its groups) slice their weight; a per-tensor scale is replicated, a per-row scale is sliced with the rows of
-a column-parallel weight and kept whole for a row-parallel one. nvfp4, mxfp8 and GGUF storage cannot be
-sliced here and are refused by name (sequence parallelism loads them whole).
+a column-parallel weight and kept whole for a row-parallel one. nvfp4, mxfp8, convrot_w4a4 and GGUF storage
+cannot be sliced here and are refused by name (sequence parallelism loads them whole).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def load_transformer_parallel(
     device: str | torch.device = "cpu",
     group=None,
     keep_quantized: bool = True,
+    quant_compute: str = "auto",
 ) -> Flux2Model:
     """This process's part of a FLUX.2 DiT run over ``group`` (default: every process) in ``mode``:
     ``tensor`` (weights sliced as they load) or ``sequence`` (weights whole, tokens split). Every process
@@ -67,7 +68,9 @@ def load_transformer_parallel(
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     checkpoint = open_checkpoint(path, DIT_SPEC.component)
     shard = TensorShard(rank, world) if mode == "tensor" else _check_sequence(world)
-    loaded = load_checkpoint(DIT_SPEC, checkpoint, dtype, device, keep_quantized, shard=shard)
+    loaded = load_checkpoint(
+        DIT_SPEC, checkpoint, dtype, device, keep_quantized, shard=shard, quant_compute=quant_compute
+    )
     chosen = transformer_variant(checkpoint, loaded.config, variant)
     net = loaded.module
     use_comm(net, TensorComm(group) if mode == "tensor" else SequenceComm(group))

@@ -34,11 +34,13 @@ def load_transformer(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     keep_quantized: bool = True,
+    quant_compute: str = "auto",
 ) -> Flux2Model:
     """Load a FLUX.2 DiT from a file, folder or GGUF; ``variant`` is "auto", "distilled", "base", "kv" or
     "dev". ``dtype`` is the compute dtype; quantised layers stay quantised unless ``keep_quantized`` is
-    off."""
-    loaded = load_component(DIT_SPEC, path, dtype, device, keep_quantized)
+    off, and multiply in their format where the device can unless ``quant_compute`` is "dequantize"
+    (``weights.kitchen``)."""
+    loaded = load_component(DIT_SPEC, path, dtype, device, keep_quantized, quant_compute)
     chosen = transformer_variant(loaded.checkpoint, loaded.config, variant)
     log.info("%s: %s variant", loaded.checkpoint.name, chosen.name)
     return Flux2Model(loaded.module, chosen, loaded.description)

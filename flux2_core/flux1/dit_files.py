@@ -91,15 +91,16 @@ def load_fill_transformer(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     keep_quantized: bool = True,
+    quant_compute: str = "auto",
 ) -> Flux1FillModel:
     """Load a FLUX.1 Fill [dev] DiT from a file, folder or GGUF in the compute ``dtype`` (bfloat16 or
-    float32: FLUX.1 Fill overflows in float16)."""
+    float32: FLUX.1 Fill overflows in float16); ``quant_compute`` as for ``load_transformer``."""
     if dtype == torch.float16:
         raise Flux2Error(
             "FLUX.1 Fill [dev] does not run in float16 (its activations overflow into black images): use "
             "bfloat16 (GPUs) or float32"
         )
-    loaded = load_component(FILL_SPEC, path, dtype, device, keep_quantized)
+    loaded = load_component(FILL_SPEC, path, dtype, device, keep_quantized, quant_compute)
     return Flux1FillModel(loaded.module, loaded.description)
 
 

@@ -81,6 +81,9 @@ class _DeltaPatch:
     def apply(self, w: torch.Tensor) -> None:
         w.add_(self.delta(w.device))
 
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.delta(x.device).T
+
 
 @dataclass(frozen=True, eq=False)
 class LoKrPatch(_DeltaPatch):

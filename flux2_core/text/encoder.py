@@ -119,15 +119,16 @@ def load_text_encoder(
     device: torch.device | str = "cpu",
     tokenizer_path: str | Path | None = None,
     keep_quantized: bool = True,
+    quant_compute: str = "auto",
 ) -> TextEncoder:
     """Load Qwen3-4B/8B (klein) or Mistral Small 3.x (dev), told apart by the file's keys and shapes.
 
     Qwen3: a ComfyUI single file (bf16, fp8mixed, ...), an all-in-one file, an HF Qwen3 folder, a diffusers
     repo or a llama.cpp GGUF. Mistral: the dev repo's ``text_encoder/`` (Mistral3 weights; the vision tower
     and ``lm_head`` are not read) or ComfyUI's ``mistral_3_small_flux2_*.safetensors`` (bf16, fp8). Quantised
-    layers stay quantised unless ``keep_quantized`` is off. The tokenizer is ``tokenizer_path`` if given, else
-    (Mistral) the one a ComfyUI file embeds, else a tokenizer folder beside the weights (HF / diffusers
-    layout), else the built-in one.
+    layers stay quantised unless ``keep_quantized`` is off (how they multiply: ``quant_compute``, see
+    ``weights.kitchen``). The tokenizer is ``tokenizer_path`` if given, else (Mistral) the one a ComfyUI file
+    embeds, else a tokenizer folder beside the weights (HF / diffusers layout), else the built-in one.
     """
     ckpt = open_checkpoint(path, "text_encoder")
     spec = text_encoder_spec(ckpt)
@@ -136,7 +137,7 @@ def load_text_encoder(
     else:
         tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path is not None else tokenizer_beside(ckpt)
         prompt = KLEIN_QWEN3
-    loaded = load_checkpoint(spec, ckpt, dtype, keep_quantized=keep_quantized)
+    loaded = load_checkpoint(spec, ckpt, dtype, keep_quantized=keep_quantized, quant_compute=quant_compute)
     return _finish(loaded, tokenizer, device, prompt)
 
 

@@ -29,8 +29,10 @@ from ..errors import Flux2Error
 from ..ops import PLAIN, linears
 from .checkpoint import Checkpoint, open_checkpoint, read_tensor, tensor_dtype
 from .keymaps import Placement
+from .kitchen import QuantCompute, check_mode
 from .plan import ComponentSpec, LoadPlan, plan_checkpoint, read_config
-from .quant import dequantize, quantize_layer
+from .quant import dequantize
+from .quant_source import quantize_layer
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +54,11 @@ def load_component(
     dtype: torch.dtype,
     device: str | torch.device = "cpu",
     keep_quantized: bool = True,
+    quant_compute: str = "auto",
 ) -> Loaded:
     """Open ``path`` (file, shard folder, diffusers repository or GGUF) and load the component it holds."""
-    return load_checkpoint(spec, open_checkpoint(path, spec.component), dtype, device, keep_quantized)
+    checkpoint = open_checkpoint(path, spec.component)
+    return load_checkpoint(spec, checkpoint, dtype, device, keep_quantized, quant_compute=quant_compute)
 
 
 def load_checkpoint(
@@ -64,14 +68,18 @@ def load_checkpoint(
     device: str | torch.device = "cpu",
     keep_quantized: bool = True,
     shard: Shard | None = None,
+    quant_compute: str = "auto",
 ) -> Loaded:
     """Load ``checkpoint`` into the spec's module in ``dtype`` (the compute dtype).
 
     Quantised linear layers stay quantised and dequantise per call when ``keep_quantized`` (memory near the
     file's size); otherwise, and for every quantised tensor that is not a linear weight (an embedding), they
     are dequantised at load, once, into ``dtype``. ``shard`` (tensor parallelism) narrows the meta-built
-    module and the plan to this process's slices before anything is read.
+    module and the plan to this process's slices before anything is read. ``quant_compute`` (``auto``,
+    ``dequantize`` or ``format``: ``kitchen.MODES``) says whether layers staying quantised multiply in their
+    format where the device can.
     """
+    check_mode(quant_compute)
     load_plan = plan_checkpoint(spec, checkpoint)
     config = read_config(spec, load_plan.shapes, checkpoint)
     description = spec.describe(config)
@@ -81,7 +89,7 @@ def load_checkpoint(
     if shard is not None:
         load_plan = shard(module, load_plan)
     load_plan = load_plan.only(spec.wanted).choose_stays_quantized(module, spec, keep_quantized)
-    load_plan = store_quantized(module, load_plan, spec.int8_matmul)
+    load_plan = store_quantized(module, load_plan, spec.int8_matmul, quant_compute)
     check(module, load_plan, spec)
     fill(module, load_plan, spec, dtype, device)
     if spec.sources is not None:
@@ -98,11 +106,16 @@ def load_checkpoint(
     return Loaded(module, config, checkpoint, description)
 
 
-def store_quantized(module: nn.Module, load_plan: LoadPlan, int8_matmul: bool) -> LoadPlan:
-    """Give each meta layer that stays quantised its quantised storage; the plan gains their scales."""
+def store_quantized(
+    module: nn.Module, load_plan: LoadPlan, int8_matmul: bool, quant_compute: str = "auto"
+) -> LoadPlan:
+    """Give each meta layer that stays quantised its quantised storage, all sharing one compute choice
+    (``kitchen.QuantCompute``); the plan gains their scales."""
     pieces = dict(load_plan.pieces)
-    for name, q in load_plan.stays_quantized.items():
-        quantize_layer(module.get_submodule(name), q, load_plan.what, int8_matmul)
+    stays = load_plan.stays_quantized
+    compute = QuantCompute(load_plan.what, {q.format for q in stays.values()}, quant_compute, int8_matmul)
+    for name, q in stays.items():
+        quantize_layer(module.get_submodule(name), q, load_plan.what, compute)
         for role in q.stored:
             if role != "weight":
                 pieces[f"{name}.{role}"] = [(q.keys[role], Placement(f"{name}.{role}"))]

@@ -18,9 +18,14 @@ Formats and their dequantisation (``W`` is [out, in]; see the formats spec for t
 - ``nvfp4``: two E2M1 codes per byte, the even column in the HIGH nibble; one float8 scale per 16 inputs,
   stored in the swizzled 128x4-tile layout; times the global ``weight_scale_2``; padded rows/columns sliced;
 - ``mxfp8``: float8 values times ``2^(E - 127)`` per 32 inputs (E8M0 bytes, same swizzle, E = 0 reads 0);
+- ``convrot_w4a4``: signed int4 pairs in int8 [out, in/2] (low nibble first), a float32 scale per row and a
+  ConvRot group size, as ComfyUI writes it; read through comfy-kitchen's layout (``kitchen.py``), and refused
+  by name when the installed comfy-kitchen lacks it;
 - GGUF types: ``gguf_quants.dequantize`` (torch ports of ggml's formulas).
 
-``input_scale`` / ``scale_input`` are activation scales for fp8 matmuls and are not needed to dequantise.
+``input_scale`` / ``scale_input`` are activation scales for in-format matmuls (``kitchen.py``): kept with the
+layer (a scalar), not needed to dequantise. How each format multiplies (in format or dequantised first) is
+``kitchen.QuantCompute``'s choice, made per model and device.
 An unknown format is refused by name; bytes of a quantised layer are never read as if they were weights.
 """
 
@@ -35,12 +40,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import Flux2Error
+from . import kitchen
 from .checkpoint import tensor_dtype, tensor_shape
 from .gguf_quants import GGMLType, block_size, has_torch_kernel, type_name
 from .gguf_quants import dequantize as gguf_dequantize
 
 FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
-FORMATS = (*FP8, "int8_tensorwise", "nvfp4", "mxfp8", "gguf")
+FORMATS = (*FP8, "int8_tensorwise", "nvfp4", "mxfp8", "convrot_w4a4", "gguf")
 AUX_SUFFIXES = (
     ".comfy_quant",
     ".weight_scale",
@@ -49,10 +55,9 @@ AUX_SUFFIXES = (
     ".scale_weight",
     ".scale_input",
 )
-STORED_ROLES = ("weight", "weight_scale", "weight_scale_2")  # what a quantised layer keeps in memory
+STORED_ROLES = ("weight", "weight_scale", "weight_scale_2", "input_scale")  # what a quantised layer keeps
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 _REFUSED = {
-    "convrot_w4a4": "packed int4 with ConvRot (convrot_w4a4)",
     "float8_e4m3fn_rowwise": "row-wise fp8 from convert_to_quant",
     "float8_e4m3fn_blockwise": "block-wise fp8 from convert_to_quant",
 }
@@ -68,14 +73,15 @@ class QuantLayer:
         default_factory=dict
     )  # role -> shape, dtype
     shape: tuple[int, ...] = ()  # the logical weight shape (nvfp4 / mxfp8: padded rows and columns)
-    convrot: int = 0  # ConvRot group size g (int8), 0 without rotation
+    convrot: int = 0  # ConvRot group size g (int8, convrot_w4a4), 0 without rotation
     qtype: int = -1  # the GGML type of a GGUF tensor
+    linear_dtype: str = ""  # convrot_w4a4: the matmul comfy-kitchen runs ("int4", its default)
 
     @property
     def label(self) -> str:
         if self.format == "gguf":
             return f"GGUF {type_name(self.qtype)}"
-        return self.format + (" + ConvRot" if self.convrot else "")
+        return self.format + (" + ConvRot" if self.convrot and self.format == "int8_tensorwise" else "")
 
     @property
     def dequantizes_per_call(self) -> bool:
@@ -139,7 +145,11 @@ def _layer(short, fmt, params, names, tensors, what) -> QuantLayer:
             "nvfp4, int8_tensorwise or GGUF release of the model"
         )
     keys = {"weight": names[short + ".weight"]}
-    for role, legacy in (("weight_scale", "scale_weight"), ("weight_scale_2", None)):
+    for role, legacy in (
+        ("weight_scale", "scale_weight"),
+        ("weight_scale_2", None),
+        ("input_scale", "scale_input"),
+    ):
         for name in (role, legacy):
             if name and short + "." + name in names:
                 keys[role] = names[short + "." + name]
@@ -154,7 +164,9 @@ def _layer(short, fmt, params, names, tensors, what) -> QuantLayer:
         raise bad(f"has a {len(shape)}-D weight {list(shape)}")
     rows, cols = shape
     scale = stored.get("weight_scale")
-    convrot = 0
+    if "input_scale" in stored and math.prod(stored["input_scale"][0]) != 1:
+        raise bad(f"has an input_scale of shape {list(stored['input_scale'][0])} (expected one value)")
+    convrot, linear_dtype = 0, ""
     if fmt in FP8 or fmt == "int8_tensorwise":
         ok = (FP8[fmt], torch.uint8) if fmt in FP8 else (torch.int8,)
         if dtype not in ok:
@@ -168,6 +180,19 @@ def _layer(short, fmt, params, names, tensors, what) -> QuantLayer:
             if convrot < 4 or 4 ** round(math.log(convrot, 4)) != convrot or cols % convrot:
                 raise bad(f"has a ConvRot group size {convrot} that is not a power of 4 dividing {cols}")
         logical = (rows, cols)
+    elif fmt == "convrot_w4a4":
+        _needs_kitchen(short, fmt, what)
+        convrot = int(params.get("convrot_groupsize") or 256)
+        linear_dtype = str(params.get("linear_dtype") or "int4")
+        logical = (rows, cols * 2)
+        if dtype != torch.int8 or scale is None or math.prod(scale[0]) != rows:
+            raise bad(
+                f"stores {dtype} {list(shape)} with a weight_scale of {list(scale[0]) if scale else None}"
+            )
+        if convrot < 4 or 4 ** round(math.log(convrot, 4)) != convrot:
+            raise bad(f"has a ConvRot group size {convrot} that is not a power of 4")
+        if logical[1] % convrot or logical[1] % 64:
+            raise bad(f"has {logical[1]} inputs, not a multiple of its ConvRot group {convrot} and of 64")
     else:  # nvfp4 / mxfp8: block scales in the swizzled 128x4 layout
         block, per_byte = (16, 2) if fmt == "nvfp4" else (32, 1)
         logical = (rows, cols * per_byte)
@@ -179,7 +204,19 @@ def _layer(short, fmt, params, names, tensors, what) -> QuantLayer:
         if tuple(scale[0]) != expected:
             raise bad(f"has block scales of shape {list(scale[0])}, not the swizzled {list(expected)}")
     stored = {role: value for role, value in stored.items() if role in STORED_ROLES}
-    return QuantLayer(fmt, keys, stored, logical, convrot)
+    return QuantLayer(fmt, keys, stored, logical, convrot, linear_dtype=linear_dtype)
+
+
+def _needs_kitchen(short: str, fmt: str, what: str) -> None:
+    """Refuse a format only comfy-kitchen reads, by name, when the installed one cannot read it."""
+    found = kitchen.installed()
+    if found is None or kitchen.LAYOUTS[fmt] not in found.layouts:
+        have = "is not installed" if found is None else f"{found.version} has no {kitchen.LAYOUTS[fmt]}"
+        raise Flux2Error(
+            f"{what}: layer {short} is {fmt} (packed int4 with ConvRot), which needs comfy-kitchen with its "
+            f"{kitchen.LAYOUTS[fmt]} layout, and comfy-kitchen {have}: {kitchen.INSTALL}; or use the bf16, "
+            "fp8 or int8 release of the model"
+        )
 
 
 def _gguf_layer(short: str, file: str, qtype: GGMLType, tensors) -> QuantLayer:
@@ -217,6 +254,8 @@ def dequantize(q: QuantLayer, stored: Mapping[str, torch.Tensor], dtype: torch.d
         factor = torch.where(exponents == 0, 0.0, torch.exp2(exponents.to(torch.float32) - 127))
         values = w.to(torch.float32).reshape(w.shape[0], -1, 32) * factor.unsqueeze(-1)
         return values.reshape(w.shape).to(dtype)
+    if q.format in kitchen.KITCHEN_ONLY:
+        return kitchen.dequantize(q, stored, dtype)
     return gguf_dequantize(w, q.qtype, q.shape, dtype)
 
 
@@ -300,76 +339,3 @@ def _roundup(n: int, m: int) -> int:
 
 def _itemsize(dtype) -> int:
     return dtype.itemsize if isinstance(dtype, torch.dtype) else 1  # bytes of a type torch lacks: 1 each
-
-
-def int_mm_takes(x: torch.Tensor, out_features: int) -> bool:
-    """Whether ``torch._int_mm`` takes ``x`` [M, K] times a [K, out_features] int8 weight on ``x``'s device:
-    CUDA's kernel needs more than 16 rows and both widths in multiples of 8 (the CPU's takes any shape)."""
-    if x.device.type != "cuda":
-        return True
-    return x.shape[0] > 16 and x.shape[1] % 8 == 0 and out_features % 8 == 0
-
-
-class QuantWeight:
-    """The weight source of a quantised linear layer: its stored tensors, dequantised on the compute device
-    at every call and never written back (so LoRA patches land on a float copy, and memory stays near the
-    file's size)."""
-
-    def __init__(self, layer: QuantLayer, int8_matmul: bool = False):
-        self.layer = layer
-        self.int8_matmul = int8_matmul and layer.format == "int8_tensorwise"
-
-    def __repr__(self) -> str:
-        return f"QuantWeight({self.layer.label}{', W8A8' if self.int8_matmul else ''})"
-
-    def linear(self, layer, x: torch.Tensor) -> torch.Tensor | None:
-        """int8 layers of a DiT: the dynamic W8A8 matmul ComfyUI runs (activations quantised per row, int32
-        accumulation, both scales applied after); ``None`` (dequantise instead) elsewhere."""
-        if not self.int8_matmul:
-            return None
-        q, scale = layer.weight.to(x.device), layer._buffers["weight_scale"].to(x.device)
-        i, g = layer.in_features, self.layer.convrot
-        if g:
-            x = (x.reshape(-1, i // g, g) @ hadamard(g, x.device).to(x.dtype)).reshape(x.shape)
-        x2 = x.reshape(-1, i)
-        if not int_mm_takes(x2, q.shape[0]):
-            return None  # dequantise-then-matmul instead
-        # the floor stays a normal number of x's dtype (1e-30 is 0 in float16: an all-zero row gave 0 / 0)
-        sx = (x2.abs().amax(-1, keepdim=True).float() / 127).clamp(min=max(1e-30, torch.finfo(x2.dtype).tiny))
-        xq = (x2 / sx.to(x2.dtype)).round().clamp(-128, 127).to(torch.int8)
-        acc = torch._int_mm(xq, q.t())
-        y = (acc.float() * (sx * scale.float().reshape(1, -1))).to(x.dtype)
-        return y.reshape(*x.shape[:-1], q.shape[0])[..., : layer.out_features]
-
-    def weight(self, layer, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        stored = {"weight": layer.weight}
-        for role in STORED_ROLES[1:]:
-            if role in layer._buffers:
-                stored[role] = layer._buffers[role]
-        stored = {role: t.to(device, non_blocking=True) for role, t in stored.items()}
-        w = dequantize(self.layer, stored, dtype)
-        return w[: layer.out_features, : layer.in_features]
-
-
-def quantize_layer(layer, q: QuantLayer, what: str, int8_matmul: bool = False) -> None:
-    """Make a (meta-built) linear ``layer`` hold ``q``'s stored tensors and dequantise them per call
-    (``int8_matmul``: int8 layers multiply in int8 instead, as ComfyUI does for diffusion models)."""
-    rows, cols = q.shape[:2]
-    padded = (
-        q.format in ("nvfp4", "mxfp8")
-        and 0 <= rows - layer.out_features < 32
-        and 0 <= cols - layer.in_features < 32
-    )
-    if (rows, cols) != (layer.out_features, layer.in_features) and not padded:
-        raise Flux2Error(
-            f"{what}: {q.keys['weight']} holds a [{rows}, {cols}] weight where the model has "
-            f"[{layer.out_features}, {layer.in_features}]; the file is not a consistent checkpoint"
-        )
-    for role, (shape, dtype) in q.stored.items():
-        dtype = dtype if isinstance(dtype, torch.dtype) else torch.uint8  # bytes of a type torch lacks
-        tensor = torch.empty(shape, dtype=dtype, device="meta")
-        if role == "weight":
-            layer.weight = torch.nn.Parameter(tensor, requires_grad=False)
-        else:
-            layer.register_buffer(role, tensor)
-    layer.source = QuantWeight(q, int8_matmul)

@@ -120,7 +120,7 @@ def build_fill(r: FillRecipe) -> Graph:
     model, te, vae = loaders(
         g,
         ("Flux1FillModelLoader", (X_LOAD, 0), LOADER_SIZE,
-         {"model_name": dit, "weight_dtype": "default"}, (dit,)),
+         {"model_name": dit, "weight_dtype": "default", "quant_compute": "auto"}, (dit,)),
         ("Flux1FillTextEncoderLoader", (X_LOAD, 160), (380, 130),
          {"t5_name": t5, "clip_name": clip, "device": "default"}, (t5, clip)),
         ("Flux1FillVAELoader", (X_LOAD, 340), (380, 82), {"vae_name": ae}, (ae,)),

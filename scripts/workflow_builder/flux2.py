@@ -52,7 +52,7 @@ def _models(g: Graph, r: Recipe) -> tuple[Node, Node, int, Node]:
     """The loaders, and a LoRA loader the model and text encoder pass through when the recipe has one:
     (model, text encoder node, its output slot, VAE)."""
     model_values = {"model_name": r.dit, "variant": r.variant, "weight_dtype": "default", "offload": "none",
-                    "resident_mb": 0, "devices": ""}  # fmt: skip
+                    "resident_mb": 0, "devices": "", "quant_compute": "auto"}  # fmt: skip
     model, te, vae = loaders(
         g,
         ("Flux2KleinModelLoader", (X_LOAD, 0), (380, 130), model_values, (r.dit,)),

@@ -168,7 +168,31 @@ def test_quantised_model_runs_from_the_cli(files, tmp_path):
     files["paths"]["fp8"] = path
     code, out = _run(files, tmp_path, *size, model="fp8")
     assert code == 0
-    assert 0 < np.abs(np.asarray(Image.open(out)).astype(int) - plain).mean() < 8
+    auto = np.asarray(Image.open(out)).astype(int)
+    assert 0 < np.abs(auto - plain).mean() < 8
+    # a CPU has no fp8 matmul: auto dequantises, as --quant-compute dequantize does, bit for bit
+    code, out = _run(files, tmp_path, *size, "--quant-compute", "dequantize", model="fp8")
+    assert code == 0 and np.array_equal(np.asarray(Image.open(out)).astype(int), auto)
+
+
+def test_quant_compute_format_multiplies_fp8_in_fp8_and_says_so(files, tmp_path, caplog):
+    pytest.importorskip("comfy_kitchen", reason="in-format fp8 runs through comfy-kitchen (the test extra)")
+    from quant_files import write_quantised
+    from tiny_dit import bfl_state_dict
+
+    sd = bfl_state_dict(make_diffusers_dit(seed=7, joint_attention_dim=96))
+    files["paths"]["fp8"] = path = tmp_path / "flux-2-klein-4b-fp8.safetensors"
+    write_quantised(sd, path, "float8_e4m3fn")
+    size = ("--width", "64", "--height", "64", "--seed", "2")
+    caplog.set_level(logging.INFO)
+    code, out = _run(files, tmp_path, *size, "--quant-compute", "dequantize", model="fp8")
+    dequantised = np.asarray(Image.open(out)).astype(int)
+    assert code == 0 and "fp8 layers: dequantised (--quant-compute dequantize)" in caplog.text
+    code, out = _run(files, tmp_path, *size, "--quant-compute", "format", model="fp8")
+    assert code == 0 and "fp8 layers: fp8 matmul via comfy-kitchen eager" in caplog.text
+    assert 0 < np.abs(np.asarray(Image.open(out)).astype(int) - dequantised).mean() < 8
+    with pytest.raises(SystemExit):  # argparse names the choices
+        _run(files, tmp_path, "--quant-compute", "fast")
 
 
 def test_streaming_and_tiling_flags_keep_the_image(files, tmp_path):

@@ -16,7 +16,7 @@ from flux2_core.devices.streaming import StreamedWeight, disable_streaming, enab
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.lora import DIT, Lora
 from flux2_core.ops import PLAIN, LowRankPatch, linears
-from flux2_core.weights.quant import QuantWeight
+from flux2_core.weights.quant_source import QuantWeight
 
 B, H, W, T = 2, 3, 4, 7
 BLOCK_BYTES = {"double": 26624 * 4, "single": 13312 * 4}  # the tiny DiT's block linears, float32

@@ -24,6 +24,12 @@ def comfy(tmp_path_factory) -> ComfyServer:
 
 
 @pytest.fixture(scope="module")
+def fp8_compute_comfy(tmp_path_factory) -> ComfyServer:
+    """A server multiplying fp8 layers in fp8 on the CPU (``--supports-fp8-compute``), as on an fp8 GPU."""
+    yield from serve(tmp_path_factory, with_models=True, extra_args=("--supports-fp8-compute",))
+
+
+@pytest.fixture(scope="module")
 def empty_comfy(tmp_path_factory) -> ComfyServer:
     """A second server whose model folders are empty, as on a newcomer's first start."""
     yield from serve(tmp_path_factory, with_models=False)

@@ -202,7 +202,7 @@ def test_hadamard_rotation_is_its_own_inverse():
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ({"format": "convrot_w4a4"}, "packed int4 with ConvRot"),
+        ({"format": "convrot_w4a4"}, "convrot_w4a4"),  # a scalar scale: not the layout ComfyUI writes
         ({"format": "float8_e4m3fn_rowwise"}, "row-wise fp8"),
         ({"format": "bitnet_ternary"}, "unknown quantisation format 'bitnet_ternary'"),
         ({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 128}, "not a power of 4"),
@@ -466,7 +466,7 @@ def test_int8_layers_fall_back_where_cudas_int8_matmul_refuses_the_shape(dit, tm
     kernel takes them, so this stand-in with CUDA's rules puts the CPU tests on the GPU's branch: the shapes
     are checked before the call (the kernel is never handed one it refuses), such calls multiply the
     dequantised weight instead, and the others still run in int8."""
-    from flux2_core.weights import quant
+    from flux2_core.weights import quant_source as quant
 
     real = torch._int_mm
 

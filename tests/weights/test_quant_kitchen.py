@@ -31,7 +31,13 @@ from comfy_kitchen.tensor import (  # noqa: E402
     TensorCoreNVFP4Layout,
     TensorWiseINT8Layout,
 )
-from quant_files import marker, quantised_layers, swizzled_index, write_quantised  # noqa: E402
+from quant_files import (  # noqa: E402
+    marker,
+    quantised_layers,
+    swizzled_index,
+    write_quantised,
+    write_with_kitchen,
+)
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from tiny_dit import bfl_state_dict, make_diffusers_dit  # noqa: E402
@@ -241,18 +247,7 @@ def test_files_quantised_by_comfy_kitchen_load_to_its_dequantisation(sd, tmp_pat
     [rows, 1], E8M0 mxfp8 scales, swizzled nvfp4 scales) and reproduces its ``QuantizedTensor.dequantize``."""
     convrot = kwargs.get("convrot_groupsize", 0)
     _needs_cpu_kernel(fmt, convrot)
-    out, layers = {}, quantised_layers(sd)
     entry = {"format": fmt} | ({"convrot": True, "convrot_groupsize": convrot} if convrot else {})
-    for key, tensor in sd.items():
-        layer = key[: -len(".weight")]
-        if layer not in layers:
-            out[key] = tensor.to(torch.bfloat16)
-            continue
-        with ck.use_backend("eager"):
-            qdata, params = layout.quantize(tensor, is_weight=True, **kwargs)
-        for suffix, value in layout.state_dict_tensors(qdata, params).items():
-            out[f"{layer}.weight{suffix}"] = value.contiguous()
-        out[layer + ".comfy_quant"] = marker(entry)
     path = tmp_path / f"kitchen-{fmt}.safetensors"
-    save_file(out, str(path))
+    layers = write_with_kitchen(sd, path, layout, entry, is_weight=True, **kwargs)
     _assert_matches_kitchen(path, fmt, layers, convrot=convrot)

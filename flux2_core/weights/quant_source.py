@@ -1,0 +1,108 @@
+"""The weight source of a layer that stays quantised: its stored tensors, multiplied in their format or
+dequantised per call.
+
+``quantize_layer`` gives a meta-built ``Linear`` the stored tensors of a ``QuantLayer`` (weight, scales, the
+activation scale) and a ``QuantWeight`` source. The source's ``linear`` multiplies in the stored format where
+the model's ``kitchen.QuantCompute`` chose so for the device (comfy-kitchen's layouts; int8 W8A8 with
+``torch._int_mm``); otherwise ``weight`` dequantises on the compute device (``quant.dequantize``) for a plain
+matmul. Nothing is ever written back: memory stays the file's size, and patches (LoRA) go beside the matmul
+or onto a float copy (``ops.Linear``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import Flux2Error
+from . import kitchen
+from .quant import STORED_ROLES, QuantLayer, dequantize, hadamard
+
+
+def int_mm_takes(x: torch.Tensor, out_features: int) -> bool:
+    """Whether ``torch._int_mm`` takes ``x`` [M, K] times a [K, out_features] int8 weight on ``x``'s device:
+    CUDA's kernel needs more than 16 rows and both widths in multiples of 8 (the CPU's takes any shape)."""
+    if x.device.type != "cuda":
+        return True
+    return x.shape[0] > 16 and x.shape[1] % 8 == 0 and out_features % 8 == 0
+
+
+class QuantWeight:
+    """The weight source of a quantised linear layer: its stored tensors, never written back (LoRA patches
+    land on a float copy or beside the matmul, and memory stays near the file's size).
+
+    ``linear`` multiplies in the stored format where the model's ``QuantCompute`` chose so for the device
+    (comfy-kitchen's layouts, or int8 W8A8); ``weight`` dequantises on the compute device for a plain matmul.
+    """
+
+    def __init__(self, layer: QuantLayer, compute: kitchen.QuantCompute | None = None):
+        self.layer = layer
+        self.compute = compute
+
+    def __repr__(self) -> str:
+        return f"QuantWeight({self.layer.label})"
+
+    def _stored(self, layer, device: torch.device) -> dict[str, torch.Tensor]:
+        stored = {"weight": layer.weight}
+        for role in STORED_ROLES[1:]:
+            if role in layer._buffers:
+                stored[role] = layer._buffers[role]
+        return {role: t.to(device, non_blocking=True) for role, t in stored.items()}
+
+    def linear(self, layer, x: torch.Tensor) -> torch.Tensor | None:
+        """The layer's output computed in its stored format, or ``None`` (dequantise-then-matmul instead)."""
+        if self.compute is None:
+            return None
+        choice = self.compute.choice(self.layer.format, x.device)
+        if choice.path == "int8":
+            return self._int8(layer, x)
+        if choice.path != "kitchen":
+            return None
+        scale = layer._buffers.get("weight_scale")
+        if not kitchen.fits(self.layer.format, layer.out_features, layer.in_features, scale):
+            return None
+        return kitchen.linear(self.layer, self._stored(layer, x.device), x, layer.out_features)
+
+    def _int8(self, layer, x: torch.Tensor) -> torch.Tensor | None:
+        """The dynamic W8A8 matmul ComfyUI runs for int8 layers of a diffusion model: activations quantised
+        per row, int32 accumulation, both scales applied after."""
+        q, scale = layer.weight.to(x.device), layer._buffers["weight_scale"].to(x.device)
+        i, g = layer.in_features, self.layer.convrot
+        if g:
+            x = (x.reshape(-1, i // g, g) @ hadamard(g, x.device).to(x.dtype)).reshape(x.shape)
+        x2 = x.reshape(-1, i)
+        if not int_mm_takes(x2, q.shape[0]):
+            return None  # dequantise-then-matmul instead
+        # the floor stays a normal number of x's dtype (1e-30 is 0 in float16: an all-zero row gave 0 / 0)
+        sx = (x2.abs().amax(-1, keepdim=True).float() / 127).clamp(min=max(1e-30, torch.finfo(x2.dtype).tiny))
+        xq = (x2 / sx.to(x2.dtype)).round().clamp(-128, 127).to(torch.int8)
+        acc = torch._int_mm(xq, q.t())
+        y = (acc.float() * (sx * scale.float().reshape(1, -1))).to(x.dtype)
+        return y.reshape(*x.shape[:-1], q.shape[0])[..., : layer.out_features]
+
+    def weight(self, layer, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        w = dequantize(self.layer, self._stored(layer, device), dtype)
+        return w[: layer.out_features, : layer.in_features]
+
+
+def quantize_layer(layer, q: QuantLayer, what: str, compute: kitchen.QuantCompute | None = None) -> None:
+    """Make a (meta-built) linear ``layer`` hold ``q``'s stored tensors; ``compute`` (shared by the model's
+    quantised layers) says per device whether they multiply in format or dequantise per call."""
+    rows, cols = q.shape[:2]
+    padded = (
+        q.format in ("nvfp4", "mxfp8")
+        and 0 <= rows - layer.out_features < 32
+        and 0 <= cols - layer.in_features < 32
+    )
+    if (rows, cols) != (layer.out_features, layer.in_features) and not padded:
+        raise Flux2Error(
+            f"{what}: {q.keys['weight']} holds a [{rows}, {cols}] weight where the model has "
+            f"[{layer.out_features}, {layer.in_features}]; the file is not a consistent checkpoint"
+        )
+    for role, (shape, dtype) in q.stored.items():
+        dtype = dtype if isinstance(dtype, torch.dtype) else torch.uint8  # bytes of a type torch lacks
+        tensor = torch.empty(shape, dtype=dtype, device="meta")
+        if role == "weight":
+            layer.weight = torch.nn.Parameter(tensor, requires_grad=False)
+        else:
+            layer.register_buffer(role, tensor)
+    layer.source = QuantWeight(q, compute)
