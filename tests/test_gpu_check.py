@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ["plan", "suite", "suite_fp8", "formats", "streaming", "interrupt", "parallel"]
+STEPS = ["plan", "suite", "suite_fp8", "formats", "quant_compute", "streaming", "interrupt", "parallel"]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
@@ -34,6 +34,13 @@ def test_gpu_check_dry_run_runs_every_step_and_writes_its_json(tmp_path):
     formats = json.loads((out / "formats.json").read_text())["measured"]
     assert {"bf16", "fp8", "nvfp4", "gguf-Q8_0"} <= set(formats)
     assert formats["fp8"]["held_bytes"] < formats["bf16"]["held_bytes"]
+    quant = json.loads((out / "quant_compute.json").read_text())["shapes"]
+    assert set(quant) == {"klein-4b", "klein-9b"}
+    for shape in quant.values():  # the CPU dequantises both (no fp8 or nvfp4 matmul here), and says so
+        rows = shape["rows"]
+        assert {"ours bf16", "ours fp8 auto", "ours fp8 dequantize", "ours nvfp4 auto"} <= set(rows)
+        assert "compute capability 8.9" in rows["ours fp8 auto"]["choice"]["float8_e4m3fn"]
+        assert 0 < rows["ours nvfp4 dequantize"]["error"] < 0.1
     assert json.loads((out / "streaming_cost.json").read_text())["identical"] is True
     stopped = json.loads((out / "streaming_interrupt.json").read_text())
     assert stopped["ok"] and stopped["clean_run_identical"]
