@@ -132,6 +132,12 @@ def identify_flux2(names: dict[str, str], checkpoint: Checkpoint) -> None:
         return
     if any(_FLUX1_KEYS.match(k) for k in keys):
         raise Flux2Error(_flux1_message(names, checkpoint))
+    if "control_img_in.weight" in keys:
+        raise Flux2Error(
+            f"{name} is the FLUX.2 [dev] Fun ControlNet Union, a control net, not a diffusion model: put it "
+            "in models/controlnet and load it with the FLUX.2 [dev] Fun ControlNet Loader (command line: "
+            "--controlnet); the model is flux2-dev.safetensors"
+        )
     if any(k.startswith(("model.layers.", "layers.")) for k in keys):
         kind = "a text encoder (Qwen3/LLM weights)"
     elif any(k.startswith(("encoder.block.", "shared.", "text_model.")) for k in keys):

@@ -52,6 +52,10 @@ REGIONS_AND_REFERENCES = (
     "regional prompts and reference images cannot be combined: remove the references, or the regions (use "
     "one prompt)"
 )
+CONTROL_AND_PARALLEL = (
+    "the Fun ControlNet runs in one process: its control blocks are not split across processes yet; run "
+    "without --parallel (or use --offload stream for memory)"
+)
 REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they were clean (t = 0)
 
 
@@ -118,6 +122,7 @@ class Flux2Transformer(DiT):
         step_cache=None,
         ref_bias=None,
         attn_mask=None,
+        control=None,
     ):
         num_img = x.shape[1]
         bias = attn_mask
@@ -128,9 +133,14 @@ class Flux2Transformer(DiT):
             x_ids = torch.cat([x_ids, ref_ids])
             if ref_bias is not None:  # [text; image; references] keys: only the references' get a bias
                 bias = torch.cat([ref_bias.new_zeros(ctx.shape[1] + num_img), ref_bias])
+        if control is not None and self.comm is not LOCAL:
+            raise Flux2Error(CONTROL_AND_PARALLEL)
         vec = self._vec(t, guidance, x.dtype)
         ids = torch.cat([ctx_ids, x_ids])
-        out = self._run_blocks(x, ctx, ids, self._mods(vec), step_cache=step_cache, attn_bias=bias)
+        hints = (control, control.padded(x.shape[1])) if control is not None and control.strength else None
+        out = self._run_blocks(
+            x, ctx, ids, self._mods(vec), step_cache=step_cache, attn_bias=bias, hints=hints
+        )
         return self.final_layer(out[:, :num_img], vec)
 
     @torch.inference_mode()
@@ -182,12 +192,15 @@ class Flux2Transformer(DiT):
 
     def _run_blocks(
         self, img, ctx, ids, mods, cache: RefKVCache | None = None, step_cache=None, attn_bias=None,
-        cached_bias=None,
+        cached_bias=None, hints=None,
     ):  # fmt: skip
         """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part.
         ``step_cache`` (a ``step_cache.FirstBlockCache``) may end the step after the first block;
         ``attn_bias`` ([L] over the keys in ``[text; image]`` order, an [L, L] mask or a ``GroupedMask``) or
-        ``cached_bias`` ([R] over the KV model's cached reference keys) goes to every attention."""
+        ``cached_bias`` ([R] over the KV model's cached reference keys) goes to every attention. ``hints``
+        (a ``control.Control`` and its context over the image tokens) adds the control net's hints after its
+        double blocks, before the step cache looks at the first block's output (a controlled step is
+        compared with controlled steps)."""
         img_mod, txt_mod, single_mod = mods
         tokens = ctx.shape[1] + img.shape[1]
         ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
@@ -195,10 +208,18 @@ class Flux2Transformer(DiT):
         pe = self._rope(ids, img.device)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))
+        added = {}
+        if hints is not None:
+            control, context = hints
+            steer = control.net.hints(context, img, txt, img_mod, txt_mod, pe, attn_bias=attn_bias)
+            added = {layer: (hint, control.strength) for layer, hint in zip(control.net.layers, steer)}
         for i, block in enumerate(self.double_blocks):
             kv = cache.double[i] if cache is not None else None
             before = img
             img, txt = block(img, txt, img_mod, txt_mod, pe, kv=kv, attn_bias=attn_bias)
+            if i in added:
+                hint, strength = added.pop(i)
+                img = img + hint * strength
             img, txt = _fp16_safe(img), _fp16_safe(txt)
             if i == 0 and step_cache is not None:
                 cached = step_cache.skip(before, img, self.comm)
