@@ -15,11 +15,12 @@ import torch
 from safetensors.torch import save_file
 from tiny_control import control_state_dict
 from tiny_dit import make_diffusers_dit
-from videox_reference import reference_module
+from videox_reference import reference_module, reference_pipeline
 
 from flux2_core import Flux2Error, load_transformer
 from flux2_core.dit.control import CONTROL_CHANNELS, CONTROL_SPEC, Control, check_pairing, load_controlnet
 from flux2_core.dit.files import DIT_SPEC
+from flux2_core.steering.control_image import control_context
 from flux2_core.weights.checkpoint import Checkpoint
 from flux2_core.weights.loading import load_checkpoint
 
@@ -184,3 +185,58 @@ def test_wrong_files_are_refused_by_name(own_files, tmp_path):
             Checkpoint(Path("other.safetensors"), {"control_img_in.weight": torch.zeros(8, 132)}),
             None,
         )
+
+
+class _NoTextEncoder(torch.nn.Module):
+    """The pipeline reads its text encoder's dtype and device only, when prompt embeddings are given."""
+
+    dtype, device = torch.float32, torch.device("cpu")
+
+
+@pytest.mark.parametrize("mode", ["control", "inpaint", "inpaint_with_control"])
+def test_control_context_equals_the_reference_pipelines(reference, mode):
+    """The 260 channels the reference pipeline hands its transformer (captured at its call), for plain
+    control as its example calls it (all-white mask, all-zero image), inpaint (mask + image) and both."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from tiny_vae import make_diffusers_vae, random_vae_state_dict
+
+    from flux2_core.vae.autoencoder import vae_from_state_dict
+
+    sd = random_vae_state_dict()
+    seen = {}
+    forward = reference.forward
+
+    def recording(*args, **kwargs):
+        seen["context"] = kwargs["control_context"]
+        return forward(*args, **kwargs)
+
+    pipe = reference_pipeline().Flux2ControlPipeline(
+        FlowMatchEulerDiscreteScheduler(), make_diffusers_vae(sd), _NoTextEncoder(), None, reference
+    )
+    g = torch.Generator().manual_seed(3)
+    height, width = 64, 96
+    control = torch.rand(1, 3, height, width, generator=g)
+    image = torch.rand(1, 3, height, width, generator=g)
+    mask = (torch.rand(1, 1, height, width, generator=g) > 0.5).float()
+    theirs_inputs = {
+        "control": dict(control_image=control, inpaint_image=torch.zeros(1, 3, height, width),
+                        mask_image=torch.ones(1, 1, height, width) * 255),
+        "inpaint": dict(inpaint_image=image, mask_image=mask),
+        "inpaint_with_control": dict(control_image=control, inpaint_image=image, mask_image=mask),
+    }[mode]  # fmt: skip
+    reference.forward = recording
+    try:
+        pipe(prompt_embeds=torch.randn(1, 5, 24), height=height, width=width, num_inference_steps=1,
+             output_type="latent", **theirs_inputs)  # fmt: skip
+    finally:
+        reference.forward = forward
+    ours_inputs = {
+        "control": (control, None, None),
+        "inpaint": (None, mask[0, 0], image),
+        "inpaint_with_control": (control, mask[0, 0], image),
+    }[mode]
+    with torch.no_grad():
+        ours = control_context(vae_from_state_dict(sd), height, width, *ours_inputs)
+    assert ours.shape == seen["context"].shape == (1, height * width // 256, CONTROL_CHANNELS)
+    torch.testing.assert_close(ours, seen["context"].float(), rtol=1e-5, atol=1e-5)
+    assert ours[..., 132:].abs().max() > 0  # the mid-grey or masked picture's latent, never zeros
