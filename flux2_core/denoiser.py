@@ -57,7 +57,7 @@ class KleinDenoiser:
         self.strengths = None
         if references is not None and len(references) and not references.plain:
             self.strengths, self.token_counts = references.strengths, references.token_counts
-            self.schedule = list(schedule)
+        self.control, self.schedule = request.control, list(schedule)
         self.embedded = None
         if model.variant.embeds_guidance:
             self.embedded = torch.full((settings.batch_size,), settings.guidance, dtype=torch.float32)
@@ -67,6 +67,10 @@ class KleinDenoiser:
         t = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
         g = self.embedded.to(x.device) if self.embedded is not None else None
         refs, kv_cache, bias = self._references_at(sigma)
+        control = None
+        if self.control is not None:  # every pass, as the reference pipeline's negative pass too
+            steps = len(self.schedule) - 1
+            control = self.control.at(step_of(self.schedule, sigma), steps, x.device, self.net.dtype)
         velocities = []
         with torch.inference_mode():
             for i, (ctx, ctx_ids) in enumerate(self.conds):
@@ -76,6 +80,8 @@ class KleinDenoiser:
                     kw["ref_bias"] = bias
                 if i == 0 and self.mask is not None:
                     kw["attn_mask"] = self.mask
+                if control is not None:
+                    kw["control"] = control
                 v = dit_call(self.net, x_in, self.x_ids, t, ctx, ctx_ids, refs, kv_cache, **kw)
                 velocities.append(v.float())
         if len(velocities) == 2:

@@ -32,6 +32,7 @@ from .limits import check_request
 from .lora import DIT, patched
 from .references import ReferenceLatents
 from .sampling_checks import activation_bytes, check_batch, check_finite, check_strength
+from .steering.control_image import AppliedControl
 from .steering.regions import RegionalPrompt, regional_cost
 
 log = logging.getLogger(__name__)
@@ -200,6 +201,7 @@ class SampleRequest:
     mask: torch.Tensor | None = None
     step_cache: float | StepCache = 0.0
     regions: RegionalPrompt | None = None
+    control: AppliedControl | None = None  # FLUX.2 [dev] with the Fun ControlNet (steering.control_image)
 
     def __post_init__(self) -> None:
         model, settings = self.model, self.settings
@@ -218,6 +220,8 @@ class SampleRequest:
         for conditioning in self.conds:
             check_batch(conditioning, settings.batch_size, PROMPTS_FOR_BATCH)
         _check_editing(self.start, self.strength, self.mask, settings)
+        if self.control is not None:
+            self.control.check(model.transformer, settings.grid)
         if self.regions is not None:
             if self.references is not None and len(self.references):
                 raise Flux2Error(REGIONS_AND_REFERENCES)
@@ -259,6 +263,9 @@ def sample(request: SampleRequest) -> torch.Tensor:
     blend = None if mask is None else inpaint_blend(source, mask.float().to(device), noise)
     callback = request.callback
     report = None if callback is None else (lambda step, total, x0: callback(step, total, unpack(x0, *grid)))
+    control = request.control
+    if control is not None and next(control.net.parameters()).device != device:
+        control.net.to(device)  # beside the DiT (a host's model manager has put it there already)
     with model_run(model, request.interrupt):
         x = euler(denoise, x, sigmas, report, blend)
     if cache.passes:

@@ -17,12 +17,56 @@ as the pipeline leaves them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from ..dit.control import Control, Flux2ControlNet, check_pairing
 from ..errors import Flux2Error
 from ..flow import pack
 from ..vae.latent_format import patchify
+from .reference_strength import _number
+
+MAX_CONTROL_STRENGTH = 2.0  # the release recommends 0.65-0.80; above 1 the control map dominates
+
+
+@dataclass(frozen=True)
+class AppliedControl:
+    """A control net with its context for one output size, a strength and the steps it acts on: step i of n
+    when ``start <= i / n < end`` (no hint outside them, so the plain model's step)."""
+
+    net: Flux2ControlNet
+    context: torch.Tensor  # [1, N, 260]
+    strength: float = 0.75
+    start: float = 0.0
+    end: float = 1.0
+
+    def check(self, dit, grid: tuple[int, int]) -> None:
+        check_pairing(self.net, dit)
+        if not _number(self.strength) or not 0.0 <= self.strength <= MAX_CONTROL_STRENGTH:
+            raise Flux2Error(
+                f"control strength {self.strength} is not allowed: use a number from 0 (no control) to "
+                f"{MAX_CONTROL_STRENGTH:g} (0.65-0.80 recommended)"
+            )
+        if not (_number(self.start) and _number(self.end) and 0.0 <= self.start <= self.end <= 1.0):
+            raise Flux2Error(
+                f"control step range start {self.start}, end {self.end} is not allowed: use fractions of the "
+                "steps with 0 <= start <= end <= 1"
+            )
+        tokens = grid[0] * grid[1]
+        if self.context.ndim != 3 or self.context.shape[1:] != (tokens, self.net.config.in_channels):
+            raise Flux2Error(
+                f"the control context has shape {list(self.context.shape)}, not [1, {tokens}, "
+                f"{self.net.config.in_channels}] for the {grid[1]}x{grid[0]} latent grid: build it at the "
+                "output size (control_context)"
+            )
+
+    def at(self, step: int, steps: int, device, dtype) -> Control | None:
+        """The control of step ``step`` of ``steps``, or None outside its range or at strength 0."""
+        if not self.strength or not (self.start * steps <= step < self.end * steps):
+            return None
+        return Control(self.net, self.context.to(device, dtype), self.strength)
 
 
 def resize(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:

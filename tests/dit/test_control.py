@@ -240,3 +240,38 @@ def test_control_context_equals_the_reference_pipelines(reference, mode):
     assert ours.shape == seen["context"].shape == (1, height * width // 256, CONTROL_CHANNELS)
     torch.testing.assert_close(ours, seen["context"].float(), rtol=1e-5, atol=1e-5)
     assert ours[..., 132:].abs().max() > 0  # the mid-grey or masked picture's latent, never zeros
+
+
+def test_sampling_under_control_and_its_step_range(own_files):
+    """``sample`` with the control: strength 0 (or an empty step range) is the plain run bit for bit, a
+    strength changes it, a range covering only the later steps changes it less; bad requests are refused
+    before anything runs."""
+    from flux2_core import SampleRequest, SampleSettings, sample
+    from flux2_core.steering.control_image import AppliedControl
+
+    model = load_transformer(own_files / "flux2-dev.safetensors", variant="dev")
+    control = load_controlnet(own_files / CONTROL_FILE)
+    settings = SampleSettings(96, 64, 4, 4.0, 7, 1)
+    context = torch.randn(1, 24, CONTROL_CHANNELS, generator=torch.Generator().manual_seed(0))
+    positive = torch.randn(1, 6, 24, generator=torch.Generator().manual_seed(1))
+
+    def run(**kw):
+        applied = AppliedControl(control, context, **kw) if kw else None
+        return sample(SampleRequest(model, positive, settings, control=applied))
+
+    plain = run()
+    assert torch.equal(run(strength=0.0), plain)
+    assert torch.equal(run(strength=0.8, start=0.5, end=0.5), plain)
+    full, late = run(strength=0.8), run(strength=0.8, start=0.5)
+    assert (full - plain).abs().mean() > (late - plain).abs().mean() > 0
+    with pytest.raises(Flux2Error, match="control strength 3"):
+        run(strength=3.0)
+    with pytest.raises(Flux2Error, match="not \\[1, 16, 260\\]"):
+        sample(
+            SampleRequest(
+                model,
+                positive,
+                SampleSettings(64, 64, 4, 4.0, 7, 1),
+                control=AppliedControl(control, context),
+            )
+        )
