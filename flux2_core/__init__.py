@@ -40,6 +40,7 @@ from .devices.parallel import (
 from .devices.parallel_load import load_transformer_parallel, planned_weight_bytes
 from .devices.placement import BlockPlacement, parse_devices, place_blocks, remove_placement
 from .devices.streaming import disable_streaming, enable_streaming, streamer_of
+from .dit.control import Flux2ControlNet, load_controlnet
 from .dit.files import load_transformer
 from .dit.kv_cache import RefKVCache
 from .dit.step_cache import MAX_STEP_CACHE, STEP_CACHE_HELP, StepCache
@@ -94,6 +95,7 @@ from .sampling import (
     output_size,
     sample,
 )
+from .steering.control_image import MAX_CONTROL_STRENGTH, AppliedControl, control_context
 from .steering.reference_strength import MAX_STRENGTH as MAX_REFERENCE_STRENGTH
 from .steering.reference_strength import ReferenceStrength, at_step, step_of
 from .steering.regions import Region, RegionalPrompt, regional_plan
@@ -102,6 +104,11 @@ from .vae.autoencoder import AutoEncoder, load_vae
 from .weights.kitchen import MODES as QUANT_COMPUTE_MODES
 
 __all__ = [
+    "MAX_CONTROL_STRENGTH",
+    "AppliedControl",
+    "Flux2ControlNet",
+    "control_context",
+    "load_controlnet",
     "QUANT_COMPUTE_MODES",
     "FIT_MODES",
     "FLUX1",

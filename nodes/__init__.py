@@ -4,6 +4,7 @@ contract: never rename one.
 The FLUX.2 nodes serve klein and dev alike, so their display names say "FLUX.2" (their ids keep "Klein");
 the LoRA loader is klein's only and keeps "[klein]" in its name."""
 
+from .controlnet import Flux2DevApplyControlNet, Flux2DevControlNetLoader
 from .decode import Flux2KleinDecode
 from .editing import Flux2KleinComposite, Flux2KleinEncode, Flux2KleinInpaintPrepare, Flux2KleinOutpaintPad
 from .fill import Flux1FillDecode, Flux1FillSampler, Flux1FillTextEncode
@@ -24,6 +25,8 @@ NODES: list[type[io.ComfyNode]] = [
     Flux2KleinTextEncode,
     Flux2KleinReferenceEncode,
     Flux2KleinRegionalPrompt,
+    Flux2DevControlNetLoader,
+    Flux2DevApplyControlNet,
     Flux2KleinSampler,
     Flux2KleinDecode,
     Flux2KleinEncode,

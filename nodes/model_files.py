@@ -97,6 +97,13 @@ FILES = {
         ModelFile("mistral_3_small_flux2_fp8.safetensors", "text_encoders",
                   _comfy("Comfy-Org/flux2-dev", "text_encoders", "mistral_3_small_flux2_fp8.safetensors"),
                   "Comfy-Org/flux2-dev", APACHE, 17.3, "the same Mistral text encoder in fp8"),
+        # The FLUX.2 [dev] Fun ControlNet Union (VideoX-Fun's release): 4.12 B parameters in bf16.
+        ModelFile("FLUX.2-dev-Fun-Controlnet-Union-2602.safetensors", "controlnet",
+                  f"{HF}/alibaba-pai/FLUX.2-dev-Fun-Controlnet-Union/resolve/main/"
+                  "FLUX.2-dev-Fun-Controlnet-Union-2602.safetensors",
+                  "alibaba-pai/FLUX.2-dev-Fun-Controlnet-Union", DEV_NC, 8.23,
+                  "the FLUX.2 [dev] Fun ControlNet Union: pose, depth, canny, HED, MLSD, scribble, gray, "
+                  "inpaint"),
         # FLUX.1 Fill [dev]: the links of ComfyUI's official Fill templates.
         ModelFile("flux1-fill-dev.safetensors", "diffusion_models",
                   _comfy("Comfy-Org/flux1-dev", "diffusion_models", "flux1-fill-dev.safetensors"),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import torch
+
 from ..flux2_core import (
     FLUX2,
     MAX_BATCH,
@@ -19,12 +21,14 @@ from ..flux2_core import (
     MAX_STEP_CACHE,
     MAX_STEPS,
     STEP_CACHE_HELP,
+    AppliedControl,
     Flux2Error,
     RefKVStore,
     SampleRequest,
     SampleSettings,
     StepCache,
     check_fits,
+    control_context,
     encode_reference_kv,
     estimate_memory,
     latent_mask,
@@ -180,6 +184,9 @@ class Flux2KleinSampler(io.ComfyNode):
         # klein: its Qwen3) and the edit inputs are checked here, before the model is loaded
         if negative is not None and negative.regions is not None:
             raise Flux2Error("the negative prompt cannot be regional: connect one FLUX.2 Text Encode to it")
+        if negative is not None and negative.control is not None:
+            raise Flux2Error("connect FLUX.2 [dev] Apply ControlNet to the positive prompt (it steers both)")
+        control = applied_control(positive.control, height, width)
         request = SampleRequest(
             model.core,
             positive.embeds,
@@ -192,9 +199,13 @@ class Flux2KleinSampler(io.ComfyNode):
             strength=denoise,
             mask=mask,
             step_cache=cache_rule,
+            control=control,
         )
         required = estimate_memory(model.core, settings, references, positive.regions)
-        host.load_all(model.patchers, required)  # every device of a block split: each needs the activations
+        extra = [positive.control.control_net.patcher] if control is not None else []
+        host.load_all(
+            [*model.patchers, *extra], required
+        )  # every device of a block split: each needs the activations
         tokens = references.num_tokens if references is not None else 0
         what = f"sampling {width}x{height}" + (
             f" with {len(references)} references ({tokens} tokens)" if tokens else ""
@@ -222,3 +233,15 @@ class Flux2KleinSampler(io.ComfyNode):
         log.info("reference K/V %s (%d entries, %.2f GB kept)", "reused from the cache" if reused else
                  "computed", len(KV_STORE), KV_STORE.nbytes / 2**30)  # fmt: skip
         return cache
+
+
+def applied_control(pending: types.PendingControl | None, height: int, width: int):
+    """The ``AppliedControl`` of a conditioning's pending control at the sampler's output size."""
+    if pending is None:
+        return None
+    host.load(pending.vae.patcher)
+    with torch.inference_mode():
+        context = control_context(
+            pending.vae.vae, height, width, pending.control, pending.mask, pending.image
+        )
+    return AppliedControl(pending.control_net.net, context, pending.strength, pending.start, pending.end)

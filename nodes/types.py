@@ -34,6 +34,7 @@ REFERENCES = "FLUX2_KLEIN_REFERENCES"  # payload: flux2_core.references.Referenc
 REFERENCE_STRENGTHS = "flux2_klein_reference_strengths"
 # ... and our regional prompt (a RegionalPrompt), which our native model joins and masks at its latent size
 REGIONAL_PROMPT = "flux2_klein_regional_prompt"
+CONTROL_NET = "FLUX2_DEV_CONTROL_NET"  # payload: ControlNet
 STITCH = "FLUX2_KLEIN_STITCH"  # payload: flux2_core.editing.Stitch (what the composite needs)
 IMAGE = "IMAGE"  # core: [B, H, W, 3] float 0..1
 MASK = "MASK"  # core: [B, H, W] float 0..1, 1 = repaint (as SetLatentNoiseMask and LoadImage's mask)
@@ -100,6 +101,7 @@ class KleinConditioning:
     encoder_name: str  # "Qwen3-4B", "Qwen3-8B", "Mistral-Small-3.2-24B" or a description of another shape
     width: int  # 3E: 7680 for Qwen3-4B (klein 4B), 12288 for Qwen3-8B (klein 9B), 15360 for Mistral (dev)
     regions: RegionalPrompt | None = None
+    control: Any = None  # a PendingControl (FLUX.2 [dev] Apply ControlNet), made at the sampler's size
 
     def to_native(self, references=None) -> list:
         """The same embedding as native ComfyUI ``CONDITIONING`` (what native Klein encoding gives for a
@@ -116,6 +118,29 @@ class KleinConditioning:
             if not references.plain:
                 options[REFERENCE_STRENGTHS] = references.strengths
         return [[self.embeds, options]]
+
+
+@dataclass
+class ControlNet:
+    """A loaded FLUX.2 [dev] Fun ControlNet and the patcher that moves it with the DiT."""
+
+    net: Any  # flux2_core.Flux2ControlNet
+    patcher: Any
+
+
+@dataclass
+class PendingControl:
+    """What FLUX.2 [dev] Apply ControlNet was given; the sampler builds the control context at its output
+    size (``control_context``), so one conditioning serves any size."""
+
+    control_net: ControlNet
+    vae: KleinVAE
+    control: torch.Tensor | None  # [1, 3, H, W] in [0, 1]
+    mask: torch.Tensor | None  # [H, W], 1 = regenerate
+    image: torch.Tensor | None  # [1, 3, H, W] in [0, 1]
+    strength: float
+    start: float
+    end: float
 
 
 @dataclass

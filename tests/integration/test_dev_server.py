@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from comfy_server import DEV_DIT, DEV_TEXT_ENCODER, E4, FILL_FILES
+from comfy_server import DEV_CONTROL, DEV_DIT, DEV_TEXT_ENCODER, E4, FILL_FILES
 from test_server import _flux2_error_message
 
 DEV_WIDTH = 3 * 16  # the tiny Mistral is 16 wide: hidden states 10, 20, 30 per token
@@ -95,3 +95,45 @@ def test_wrong_pairings_name_the_right_text_encoder_before_any_step(comfy, node,
     for part in expected:
         assert part in data["exception_message"], data["exception_message"]
     assert "progress" not in events, "a sampling step ran before the pairing was refused"
+
+
+def _controlled(comfy, strength: float, **extra) -> dict:
+    """The small dev workflow with the Fun ControlNet between the prompt and the sampler, the control map
+    from a LoadImage."""
+    wf = small_dev(comfy)
+    (sampler,) = comfy.kc.nodes_of_type(wf, comfy.kc.SAMPLER)
+    (vae,) = comfy.kc.nodes_of_type(wf, "Flux2KleinVAELoader")
+    wf["90"] = {"class_type": "Flux2DevControlNetLoader", "inputs": {"control_net_name": DEV_CONTROL}}
+    wf["91"] = {"class_type": "LoadImage", "inputs": {"image": comfy.upload((112, 80))}}
+    wf["92"] = {
+        "class_type": "Flux2DevApplyControlNet",
+        "inputs": {"conditioning": wf[sampler]["inputs"]["positive"], "control_net": ["90", 0],
+                   "vae": [vae, 0], "control_image": ["91", 0], "strength": strength, "start": 0.0,
+                   "end": 1.0, **extra},
+    }  # fmt: skip
+    wf[sampler]["inputs"]["positive"] = ["92", 0]
+    return wf
+
+
+def test_the_fun_controlnet_steers_dev_and_strength_zero_is_the_plain_image(comfy):
+    """The control map (another size than the output: resized) changes the image; strength 0 draws the
+    plain dev image pixel for pixel; with LoadImage's mask and the image it runs the inpaint mode."""
+    (plain,) = comfy.images(comfy.run(small_dev(comfy), timeout=300)).values()
+    (off,) = comfy.images(comfy.run(_controlled(comfy, 0.0), timeout=300)).values()
+    (steered,) = comfy.images(comfy.run(_controlled(comfy, 0.75), timeout=300)).values()
+    a, b, c = (np.asarray(i.convert("RGB")).astype(int) for i in (plain, off, steered))
+    assert np.array_equal(a, b), "strength 0 changed the image"
+    assert np.abs(a - c).mean() > 1, "the control barely changes the image"
+    wf = _controlled(comfy, 0.75, mask=["91", 1], image=["91", 0])
+    (inpainted,) = comfy.images(comfy.run(wf, timeout=300)).values()
+    assert np.asarray(inpainted).shape == c.shape
+
+
+def test_a_control_net_with_klein_is_refused_with_what_it_is_for(comfy):
+    wf = _controlled(comfy, 0.75)
+    (model,) = comfy.kc.nodes_of_type(wf, "Flux2KleinModelLoader")
+    wf[model]["inputs"].update(model_name="flux-2-klein-4b.safetensors", variant="distilled")
+    (te,) = comfy.kc.nodes_of_type(wf, "Flux2KleinTextEncoderLoader")
+    wf[te]["inputs"]["text_encoder_name"] = "qwen_3_4b.safetensors"
+    message = _flux2_error_message(comfy, wf, "Flux2KleinSampler")
+    assert "only steers FLUX.2 [dev]" in message and "RefControl" in message, message

@@ -9,17 +9,18 @@ import textwrap
 import torch
 from comfy_stubs import REPO_ROOT, pack_module_name, pack_nodes
 from klein_nodes import NATIVE_IDS
-from node_contract import KLEIN_NODES, contract_mismatches
+from node_contract import DEV_NODES, KLEIN_NODES, contract_mismatches
 
 
 def test_the_nodes_follow_the_contract(pack):
     # the FLUX.2 nodes (the FLUX.1 Fill ones in test_fill_nodes.py) against node_contract.py: ids,
     # display names, categories, every input's name, type and order, the seed's control, the outputs
     assert {i for i in pack_nodes(pack).classes if i.startswith("Flux2Klein")} == set(KLEIN_NODES)
+    assert {i for i in pack_nodes(pack).classes if i.startswith("Flux2Dev")} == set(DEV_NODES)
     assert set(pack_nodes(pack).display_names) == set(pack_nodes(pack).classes)
     # registered through V3's entry point only: a V1 table would make ComfyUI skip comfy_entrypoint
     assert not hasattr(pack, "NODE_CLASS_MAPPINGS") and not hasattr(pack, "NODE_DISPLAY_NAME_MAPPINGS")
-    for node_id, node in KLEIN_NODES.items():
+    for node_id, node in {**KLEIN_NODES, **DEV_NODES}.items():
         cls = pack_nodes(pack).classes[node_id]
         assert not contract_mismatches(node_id, cls, pack_nodes(pack).display_names[node_id]), node_id
         assert len(cls.OUTPUT_TOOLTIPS) == len(node.outputs)
@@ -28,12 +29,12 @@ def test_the_nodes_follow_the_contract(pack):
 def test_ids_are_prefixed_and_never_native(pack):
     ids = list(pack_nodes(pack).classes)
     assert len(ids) == len(set(ids))
-    assert all(node_id.startswith(("Flux2Klein", "Flux1Fill")) for node_id in ids)
+    assert all(node_id.startswith(("Flux2Klein", "Flux2Dev", "Flux1Fill")) for node_id in ids)
     assert not set(ids) & NATIVE_IDS
 
 
 def test_every_input_has_a_tooltip(pack):
-    for node_id in KLEIN_NODES:
+    for node_id in {**KLEIN_NODES, **DEV_NODES}:
         spec = pack_nodes(pack).classes[node_id].INPUT_TYPES()
         for name, (kind, options) in {**spec["required"], **spec.get("optional", {})}.items():
             assert options.get("tooltip"), f"{node_id}.{name} has no tooltip"

@@ -820,7 +820,7 @@ def test_lora_workflow_wiring():
 def test_the_generator_reads_the_contract_from_the_node_classes():
     # the generator's schemas come from the node classes: they must be the contract, input by input
     specs = build_workflows.NODE_SPECS
-    assert {k for k in specs if k.startswith(("Flux2Klein", "Flux1Fill"))} == set(NODE_CONTRACT)
+    assert {k for k in specs if k.startswith(("Flux2Klein", "Flux2Dev", "Flux1Fill"))} == set(NODE_CONTRACT)
     for node_id, node in NODE_CONTRACT.items():
         spec = specs[node_id]
         assert spec.display_name == node.display, node_id
