@@ -79,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--image", default=None, help="image to start from (img2img), inpaint or outpaint")
     gen.add_argument("--mask", default=None, help="inpaint mask for --image: white = repaint")
     gen.add_argument(
+        "--controlnet", default=None, metavar="FILE",
+        help="FLUX.2 [dev] only: the Fun ControlNet Union (FLUX.2-dev-Fun-Controlnet-Union-2602.safetensors)",
+    )  # fmt: skip
+    gen.add_argument("--control", default=None, metavar="IMAGE", help="with --controlnet: the control map")
+    gen.add_argument(
+        "--control-strength", type=float, default=0.75, metavar="S",
+        help="with --controlnet: how strongly the map steers (0.65-0.80 recommended; 0: no control)",
+    )  # fmt: skip
+    gen.add_argument(
+        "--control-mask", default=None, metavar="MASK",
+        help="with --controlnet: its inpaint mode (white = regenerate), the picture to inpaint from --image",
+    )  # fmt: skip
+    gen.add_argument(
         "--strength",
         type=float,
         default=None,

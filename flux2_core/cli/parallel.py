@@ -52,6 +52,7 @@ class Ranks:
     and a process that stops first tells the others (``ParallelRanks``)."""
 
     is_main = True
+    is_parallel = False
     mode: str | None = None
     on_this_host = 1  # processes of this run on this host, each with its own DiT in RAM
 
@@ -100,6 +101,7 @@ class ParallelRanks(Ranks):
         self.mode = mode
         self.dist = init_distributed(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.is_main = self.dist.is_main
+        self.is_parallel = True
         self.device = self.dist.device
         self.on_this_host = processes_on_this_host(self.dist.world)
         self._next: str | None = TEXT  # the exchange every process meets next (None: none is left)

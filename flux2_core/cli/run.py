@@ -25,9 +25,10 @@ from tqdm import tqdm
 
 from ..configs import FLUX2, Flux2Config, Variant, describe
 from ..devices.streaming import BLOCKS_IN_FLIGHT, disable_streaming, enable_streaming
+from ..dit.control import load_controlnet
 from ..dit.files import DIT_SPEC, transformer_variant
 from ..dit.step_cache import check_threshold
-from ..dit.transformer import REGIONS_AND_REFERENCES, Flux2Model, compile_blocks
+from ..dit.transformer import CONTROL_AND_PARALLEL, REGIONS_AND_REFERENCES, Flux2Model, compile_blocks
 from ..errors import Flux2Error
 from ..limits import MAX_FILL_GUIDANCE, MAX_GUIDANCE, check_request, check_seed
 from ..lora import prepare_lora
@@ -42,6 +43,7 @@ from ..sampling import (
     sample,
     sampling_memory,
 )
+from ..steering.control_image import MAX_CONTROL_STRENGTH, AppliedControl, control_context
 from ..steering.regions import Region, RegionalPrompt, regional_cost
 from ..text.encoder import load_text_encoder, text_encoder_spec_for
 from ..vae.autoencoder import load_vae
@@ -74,6 +76,10 @@ class Request:
     tiles: dict  # the VAE's tile_size and tile_overlap
     strengths: tuple = ()  # ReferenceStrength of each reference image (empty: every one plain)
     regions: list = field(default_factory=list)  # (prompt, mask [H, W]) of each --region
+    control: tuple | None = (
+        None  # --controlnet: (map [1, 3, H, W] or None, mask [H, W] or None, image or None)
+    )
+    context: torch.Tensor | None = None  # its control context at the output size, once the VAE has run
 
 
 @dataclass
@@ -133,7 +139,12 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     regions = inputs.read_regions(args.region)
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
-    edit = prepare_edit(args, max_pixels)
+    control = _control_inputs(args, ranks)
+    # the control's inpaint mode alone: --image is the picture the control net inpaints, not a start
+    only_control = args.control_mask and args.mask is None and args.outpaint is None and args.strength is None
+    edit = prepare_edit(
+        argparse.Namespace(**{**vars(args), "image": None}) if only_control else args, max_pixels
+    )
     loras = inputs.read_loras(args.lora)
     overlap = VAE_TILE_OVERLAP if args.vae_tile <= 0 else min(VAE_TILE_OVERLAP, args.vae_tile // 64 * 16)
     check_tiling(args.vae_tile, overlap, FLUX2.size_multiple)
@@ -142,8 +153,39 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     if not fill and args.resident_mb < 0:
         raise Flux2Error(f"--resident-mb {args.resident_mb} is negative: give 0 (stream every block) or more")
     return Request(
-        args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles, strengths, regions
-    )
+        args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles, strengths, regions,
+        control,
+    )  # fmt: skip
+
+
+def _control_inputs(args: argparse.Namespace, ranks: Ranks) -> tuple | None:
+    """--controlnet, --control, --control-strength and --control-mask, checked and read."""
+    given = args.control or args.control_mask
+    if args.controlnet is None:
+        if given:
+            raise Flux2Error(
+                "--control and --control-mask go with a control net: give it with --controlnet FILE"
+            )
+        return None
+    if not given:
+        raise Flux2Error(
+            "--controlnet needs a control map (--control IMAGE) or its inpaint mask (--control-mask)"
+        )
+    if args.control_mask and args.image is None:
+        raise Flux2Error("--control-mask inpaints a picture: give it with --image")
+    if not 0.0 <= args.control_strength <= MAX_CONTROL_STRENGTH:
+        raise Flux2Error(
+            f"--control-strength {args.control_strength} is not allowed: use 0 (no control) to "
+            f"{MAX_CONTROL_STRENGTH:g} (0.65-0.80 recommended)"
+        )
+    if ranks.is_parallel:
+        raise Flux2Error(CONTROL_AND_PARALLEL)
+
+    def pixels(path):
+        return None if path is None else inputs.as_tensor(inputs.open_image(path)).permute(2, 0, 1)[None]
+
+    mask = None if args.control_mask is None else inputs.open_mask(args.control_mask, None)
+    return pixels(args.control), mask, pixels(args.image) if args.control_mask else None
 
 
 def _one_text_encoder(args: argparse.Namespace) -> argparse.Namespace:
@@ -252,6 +294,10 @@ def encode_images(request: Request, plan: Plan, ranks: Ranks):
             if request.strengths:
                 references = replace(references, strengths=request.strengths)
         start, mask, references = encode_edit(vae, request.edit, references, plan.grid, request.tiles)
+        if request.control is not None:
+            s = plan.settings
+            with torch.inference_mode():
+                request.context = control_context(vae, s.height, s.width, *request.control)
     references, start, mask = ranks.share_inputs(references, start, mask)
     return vae, references, start, mask
 
@@ -275,6 +321,11 @@ def sample_prompts(request, plan, model, conditioning, references, start, mask, 
     kv_cache = None
     if model.variant.kv_cache and references is not None and len(references):
         kv_cache = encode_reference_kv(model, references)  # once, for every prompt
+    control = None
+    if request.control is not None:
+        keep = request.device.type != "mps"
+        net = load_controlnet(args.controlnet, request.dtype, request.device, keep, args.quant_compute)
+        control = AppliedControl(net, request.context, args.control_strength)
     results = []
     for k in range(max(prompts, 1)):  # regions without a global prompt: one run
         positive = conditioning[k : k + 1] if prompts else conditioning[:1, :0]
@@ -297,6 +348,7 @@ def sample_prompts(request, plan, model, conditioning, references, start, mask, 
                 mask=mask,
                 kv_cache=kv_cache,
                 step_cache=args.step_cache,
+                control=control,
             )
             results.append(sample(run))
     if args.offload == "stream":

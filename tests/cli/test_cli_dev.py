@@ -137,3 +137,67 @@ def test_a_fill_hub_id_is_told_by_its_name_before_any_download():
 
     assert is_flux1_model("black-forest-labs/FLUX.1-Fill-dev")
     assert not is_flux1_model("black-forest-labs/FLUX.2-dev")
+
+
+@pytest.fixture(scope="module")
+def control_files(files, tmp_path_factory):
+    from safetensors.torch import save_file
+    from tiny_control import control_state_dict
+
+    root = tmp_path_factory.mktemp("cli_control")
+    control = root / "FLUX.2-dev-Fun-Controlnet-Union-2602.safetensors"
+    save_file(control_state_dict(32, 16, 96, blocks=1, seed=4), str(control))
+    g = np.random.default_rng(0)
+    pose, picture = root / "pose.png", root / "picture.png"
+    Image.fromarray(g.integers(0, 255, (96, 120, 3), dtype=np.uint8)).save(pose)  # another size: resized
+    Image.fromarray(g.integers(0, 255, (64, 80, 3), dtype=np.uint8)).save(picture)
+    mask = root / "mask.png"
+    Image.fromarray(np.where(np.arange(80)[None, :] < 40, 255, 0).repeat(64, 0).astype(np.uint8)).save(mask)
+    return {"controlnet": control, "pose": pose, "picture": picture, "mask": mask}
+
+
+def test_the_fun_controlnet_from_the_command_line(files, control_files, tmp_path):
+    c = control_files
+    plain, off, steered, inpaint = (tmp_path / f"{n}.png" for n in ("plain", "off", "steered", "inpaint"))
+    flags = ["--controlnet", str(c["controlnet"]), "--control", str(c["pose"])]
+    assert main(_argv(files, plain)) == 0
+    assert main(_argv(files, off, "dev", "mistral", *flags, "--control-strength", "0")) == 0
+    assert main(_argv(files, steered, "dev", "mistral", *flags)) == 0
+    assert np.array_equal(_pixels(off), _pixels(plain))
+    assert np.abs(_pixels(steered) - _pixels(plain)).mean() > 1
+    inpaint_flags = [
+        "--controlnet",
+        str(c["controlnet"]),
+        "--control-mask",
+        str(c["mask"]),
+        "--image",
+        str(c["picture"]),
+    ]
+    assert main(_argv(files, inpaint, "dev", "mistral", *inpaint_flags)) == 0
+    assert _pixels(inpaint).shape == (64, 80, 3)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--control", "pose"], "give it with --controlnet FILE"),
+        (["--controlnet", "controlnet"], "needs a control map"),
+        (["--controlnet", "controlnet", "--control-mask", "mask"], "--control-mask inpaints a picture"),
+        (
+            ["--controlnet", "controlnet", "--control", "pose", "--control-strength", "5"],
+            "--control-strength 5",
+        ),
+    ],
+)
+def test_bad_control_flags_are_refused_before_loading(files, control_files, tmp_path, caplog, extra, message):
+    extra = [str(control_files.get(a, a)) for a in extra]
+    out = tmp_path / "x.png"
+    assert main(_argv(files, out, "dev", "mistral", *extra)) == 2
+    assert message in caplog.text and not out.exists()
+
+
+def test_a_control_net_with_klein_is_refused(files, control_files, tmp_path, caplog):
+    out = tmp_path / "klein.png"
+    flags = ["--controlnet", str(control_files["controlnet"]), "--control", str(control_files["pose"])]
+    assert main(_argv(files, out, "klein", "qwen", *flags)) == 2
+    assert "only steers FLUX.2 [dev]" in caplog.text and not out.exists()
