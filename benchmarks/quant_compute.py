@@ -31,18 +31,13 @@ SHAPES = {"klein-4b": 24, "klein-9b": 32}  # heads of 128: the real widths
 def nvfp4_state_dict(bfl: dict) -> dict:
     """``bfl`` with its block linears in ComfyUI's nvfp4 layout (E2M1 pairs, swizzled float8 block scales, a
     per-tensor ``weight_scale_2``), quantised by the suite's writer."""
-    from quant_files import QUANTISED, marker, nvfp4
+    import suite_models as sm
+    from quant_files import nvfp4
 
-    out = {}
-    for key, w in bfl.items():
-        layer = key[: -len(".weight")]
-        if not (key.endswith(".weight") and QUANTISED.fullmatch(layer)):
-            out[key] = w
-            continue
-        stored, _ = nvfp4(w.float().cpu())
-        out.update({f"{layer}.{role}": t.to(w.device) for role, t in stored.items()})
-        out[f"{layer}.comfy_quant"] = marker({"format": "nvfp4"})
-    return out
+    def quantise(w):
+        return {role: t.to(w.device) for role, t in nvfp4(w.float().cpu())[0].items()}
+
+    return sm.quantised_state_dict(bfl, "nvfp4", quantise)
 
 
 def ours(tensors: dict, device, dtype, mode: str):

@@ -188,6 +188,17 @@ def fp8_state_dict(bfl: dict) -> dict:
     """``bfl`` with its block linears in float8_e4m3fn and a per-tensor ``weight_scale`` (amax / 448), in
     ComfyUI's ``.comfy_quant`` layout (the form of the fp8 releases, which ours and native both load); the
     other tensors are ``bfl``'s own. Each weight is quantised in its own dtype: no float32 copy is made."""
+
+    def fp8(w):
+        scale = (w.abs().amax().float() / 448.0).reshape(())
+        return {"weight": (w / scale.to(w.dtype)).to(torch.float8_e4m3fn), "weight_scale": scale}
+
+    return quantised_state_dict(bfl, "float8_e4m3fn", fp8)
+
+
+def quantised_state_dict(bfl: dict, fmt: str, quantise) -> dict:
+    """``bfl`` with its block linears replaced by ``quantise(weight)`` ({role: tensor}) and a ``.comfy_quant``
+    marker of ``fmt``, as ComfyUI's quantised files store them; the other tensors are ``bfl``'s own."""
     from quant_files import QUANTISED, marker
 
     out = {}
@@ -196,10 +207,8 @@ def fp8_state_dict(bfl: dict) -> dict:
         if not (key.endswith(".weight") and QUANTISED.fullmatch(layer)):
             out[key] = w
             continue
-        scale = (w.abs().amax().float() / 448.0).reshape(())
-        out[key] = (w / scale.to(w.dtype)).to(torch.float8_e4m3fn)
-        out[f"{layer}.weight_scale"] = scale
-        out[f"{layer}.comfy_quant"] = marker({"format": "float8_e4m3fn"})
+        out.update({f"{layer}.{role}": t for role, t in quantise(w).items()})
+        out[f"{layer}.comfy_quant"] = marker({"format": fmt})
     return out
 
 

@@ -4,6 +4,8 @@ the regional prompts' mask (``regions``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .dit.kv_cache import RefKVCache
@@ -58,6 +60,8 @@ class KleinDenoiser:
         if references is not None and len(references) and not references.plain:
             self.strengths, self.token_counts = references.strengths, references.token_counts
         self.control, self.schedule = request.control, list(schedule)
+        if self.control is not None:  # on the DiT's device once, not copied at every step
+            self.control = replace(self.control, context=self.control.context.to(device, dtype))
         self.embedded = None
         if model.variant.embeds_guidance:
             self.embedded = torch.full((settings.batch_size,), settings.guidance, dtype=torch.float32)

@@ -97,7 +97,7 @@ def control_context(
     mask = (F.interpolate(mask, size=(height, width), mode="nearest") >= 0.5).float()
     inpaint = torch.zeros(1, 3, height, width) if image is None else resize(image, height, width) * 2 - 1
     inpaint = inpaint * (mask < 0.5)
-    latent = vae.encode(inpaint.clamp(-1, 1) if image is not None else inpaint)
+    latent = vae.encode(inpaint.clamp(-1, 1))
     grid = latent.shape[-2:]
     kept = F.interpolate(1 - mask, size=(grid[0] * 2, grid[1] * 2), mode="nearest")
     if control is None:
