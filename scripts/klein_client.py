@@ -51,6 +51,7 @@ GUIDER_INPUTS = {"CFGGuider": {"positive": "positive", "negative": "negative"},
 # nodes a conditioning passes through unchanged in text, on its way from the text encode to the guider
 CONDITIONING_PASSTHROUGH = (  # followed through their "conditioning" input (regions: to the global prompt)
     "Flux2KleinToNativeConditioning", "ReferenceLatent", "FluxGuidance", "Flux2KleinRegionalPrompt",
+    "Flux2DevApplyControlNet",
 )  # fmt: skip
 TEXT_ENCODE = ("Flux2KleinTextEncode", "Flux1FillTextEncode")
 REFERENCE_ENCODE = "Flux2KleinReferenceEncode"

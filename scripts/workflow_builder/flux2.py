@@ -21,10 +21,12 @@ from .layout import (
     outpaint_pad,
     prompt,
 )
-from .notes import note
+from .models import models_property
+from .notes import CONTROL_FILE, note
 from .recipe import Family, Mode, Recipe, Sampling
 
 VAE_FILE = "flux2-vae.safetensors"
+CONTROL_ROW = IMAGE_ROW + 120  # the control map's row: its loader above the Load Image
 STRENGTH = ("strength", "start", "end")  # Reference Encode's widgets for how much a reference counts
 
 
@@ -35,12 +37,15 @@ def build(r: Recipe) -> Graph:
     if r.regions:
         positive = _regions(g, r, te, te_slot, positive)
     refs = _references(g, r, vae)
+    control = _control(g, r, vae, positive) if r.control else None
+    if control is not None:
+        positive = control
     if r.sampling is not Sampling.OURS:
         sampler = _native_sampling(g, r, model, positive, negative)
         finish(g, "Flux2KleinDecode", vae, sampler, None, "flux2_klein", note(r))
         return g
     sampler = _sampler(g, r, model, positive, negative)
-    stitch = _edit_inputs(g, r, vae, refs, sampler)
+    stitch = _edit_inputs(g, r, vae, refs, sampler, control)
     if refs is not None and stitch is None:
         g.connect(refs, sampler, "references")
     prefix = "flux2_dev" if r.family is Family.DEV else "flux2_klein"
@@ -139,6 +144,24 @@ def _references(g: Graph, r: Recipe, vae: Node) -> Node | None:
     return refs
 
 
+def _control(g: Graph, r: Recipe, vae: Node, positive: Node) -> Node:
+    """The Fun ControlNet below the references: its loader, the control map's Load Image and FLUX.2 [dev]
+    Apply ControlNet on the prompt; returns the Apply node (the sampler's positive)."""
+    y = Y_IMAGES + IMAGE_ROW * r.references
+    loader = g.add("Flux2DevControlNetLoader", (X_LOAD, y), (380, 82),
+                   {"control_net_name": CONTROL_FILE, "quant_compute": "auto"},
+                   properties={"models": models_property(CONTROL_FILE)})  # fmt: skip
+    image = load_image(g, y + 120, f"Control map ({r.control})")
+    values = {"strength": r.control_strength, "start": 0.0, "end": 1.0}
+    apply = g.add("Flux2DevApplyControlNet", (X_ENCODE, y), (340, 230), values, title="Apply ControlNet")
+    g.connect(positive, apply, "conditioning")
+    g.connect(loader, apply, "control_net")
+    g.connect(vae, apply, "vae")
+    g.connect(image, apply, "control_image")
+    g.group(f"ControlNet (the {r.control} map: from a preprocessor, or any image)", loader, image, apply)
+    return apply
+
+
 def _sampler(g: Graph, r: Recipe, model: Node, positive: Node, negative: Node | None) -> Node:
     values = {"seed": SEED, "steps": r.steps, "guidance": r.guidance, "width": r.width, "height": r.height,
               "batch_size": 1, "denoise": r.denoise, "kv_cache": "reuse", "step_cache": 0.0}  # fmt: skip
@@ -150,11 +173,14 @@ def _sampler(g: Graph, r: Recipe, model: Node, positive: Node, negative: Node | 
     return sampler
 
 
-def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Node) -> Node | None:
-    """The image to start from (img2img) or to inpaint / outpaint; returns the Inpaint Prepare node."""
+def _edit_inputs(
+    g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Node, control: Node | None = None
+) -> Node | None:
+    """The image to start from (img2img) or to inpaint / outpaint; returns the Inpaint Prepare node. Under a
+    control net the image and its mask also feed its inpaint mode, and stand in for the reference."""
     if r.mode is Mode.GENERATE:
         return None
-    y = Y_IMAGES + IMAGE_ROW * r.references
+    y = Y_IMAGES + IMAGE_ROW * r.references + (CONTROL_ROW if control is not None else 0)
     image = load_image(g, y, IMAGE_TITLES[r.mode])
     if r.mode is Mode.IMG2IMG:
         encode = g.add("Flux2KleinEncode", (X_ENCODE, y), (300, 60))
@@ -180,7 +206,11 @@ def _edit_inputs(g: Graph, r: Recipe, vae: Node, refs: Node | None, sampler: Nod
     if refs is not None:
         g.connect(refs, prepare, "references")
     g.connect(prepare, sampler, "latent")
-    g.connect(prepare, sampler, "references", src_slot=1)
+    if control is None:
+        g.connect(prepare, sampler, "references", src_slot=1)
+    else:  # the control net sees the picture around the mask; no reference tokens to pay for
+        g.connect(source, control, "image")
+        g.connect(mask, control, "mask", src_slot=mask_slot)
     g.group(f"Image to {r.mode}", *nodes, prepare)
     return prepare
 

@@ -355,3 +355,58 @@ RECIPES += (
         sampling=Sampling.NATIVE_EASYCACHE,
     ),
 )
+
+
+RECIPES += (
+    Recipe(
+        name="flux2_dev_controlnet_pose",
+        title="FLUX.2 [dev]: text to image in the pose of a control map (Fun ControlNet)",
+        summary=(
+            "Text to image with **FLUX.2 [dev]** steered by a pose map through the **Fun ControlNet Union** "
+            "(alibaba-pai/FLUX.2-dev-Fun-Controlnet-Union, FLUX.2 [dev] non-commercial licence): the person "
+            "takes the skeleton's pose, the prompt decides everything else. Load the pose map in *Control "
+            "map (pose)*; a depth, canny, HED or MLSD map works the same way in the same node."
+        ),
+        **DEV,
+        prompt=(
+            "A dancer in a flowing red dress on a wooden stage, one arm raised, warm spotlight from above, "
+            "dark theatre behind her, photorealistic"
+        ),
+        width=896,
+        height=1152,
+        control="pose",
+        settings=(
+            f"{DEV_SETTINGS}\n\nThe output is 896x1152 (portrait, like most pose maps): set width and "
+            "height to your map's aspect ratio."
+        ),
+        family=Family.DEV,
+    ),
+    Recipe(
+        name="flux2_dev_controlnet_inpaint",
+        title="FLUX.2 [dev]: inpaint under a control map (Fun ControlNet)",
+        summary=(
+            "Repaints the masked part of an image with **FLUX.2 [dev]**, following the prompt and a control "
+            "map, through the **Fun ControlNet Union**'s inpaint mode (2602 release): the control net sees "
+            "the picture around the mask and the map's structure inside it. Load the image in *Image to "
+            "inpaint* (right-click, *Open in MaskEditor*, paint the area to repaint) and the map (pose, "
+            "depth, canny, ...) in *Control map*; every pixel outside the mask comes back unchanged."
+        ),
+        **DEV,
+        prompt=(
+            "A young man in a white shirt with a blue ribbon at the collar, one hand in his pocket, standing "
+            "on a sunny seaside path, photorealistic"
+        ),
+        width=0,
+        height=0,
+        mode=Mode.INPAINT,
+        control="pose",
+        settings=(
+            f"{DEV_SETTINGS}\n\n*Inpaint Prepare* sets the output size from the image (about 1 megapixel, "
+            "multiples of 16) and keeps the latent outside the (grown) mask; the control net gets the image "
+            "and its mask as they are. *Composite* puts the result back over the original, `feather` pixels "
+            "inside the mask's edge. For inpainting without a map, connect the image itself as the control "
+            "map with `strength` about 0.5, or use the klein or FLUX.1 Fill inpaint workflows."
+        ),
+        family=Family.DEV,
+    ),
+)

@@ -19,6 +19,21 @@ The LoRA also reaches the text encoder when it has text-encoder keys. Chain load
 `block_strengths` (e.g. `double=1.0, single.0-11=0.5`) scales it per block."""
 
 
+CONTROL_FILE = "FLUX.2-dev-Fun-Controlnet-Union-2602.safetensors"
+CONTROL_NOTE = """
+
+## The control map
+
+One control net reads every kind of map: pose (OpenPose / DWPose skeletons), depth, canny, HED, MLSD, and
+(2602 release) scribble and gray. Make the map with a preprocessor pack (e.g. comfyui_controlnet_aux: DWPose,
+Depth Anything, Canny nodes) in place of the *Control map* Load Image, or load a map you already have. Any
+size works: the map is resized to the output size, so keep its aspect ratio close to width x height.
+`strength` 0.65-0.80 is the release's advice (0 = no control, up to 2); `start` / `end` (fractions of the
+steps) limit when the map steers, e.g. `end` 0.5 fixes the layout and leaves the details free. With
+reference images in the graph the map covers the output only (the control net's input over the reference
+tokens is zeros, as in the release's pipeline)."""
+
+
 def file_rows(names) -> str:
     """The note's table rows: file, folder, repos and licence, direct link."""
     return "\n".join(
@@ -66,10 +81,13 @@ def files_note(r: Recipe) -> str:
 
 
 def note(r: Recipe) -> str:
-    rows = file_rows([r.dit, r.text_encoder, "flux2-vae.safetensors"])
+    control = [CONTROL_FILE] if r.control else []
+    rows = file_rows([r.dit, r.text_encoder, "flux2-vae.safetensors", *control])
     api = f"workflows/api/{r.name}.json"
-    names = [f"ref{i + 1}.png" for i in range(r.references)] + (
-        ["image.png"] if r.mode is not Mode.GENERATE else []
+    names = (
+        [f"ref{i + 1}.png" for i in range(r.references)]
+        + ([f"{r.control}.png"] if r.control else [])
+        + (["image.png"] if r.mode is not Mode.GENERATE else [])
     )
     images = " ".join(f"--image {name}" for name in names)
     lora = LORA_NOTE if r.lora else ""
@@ -87,7 +105,7 @@ def note(r: Recipe) -> str:
 
 ## Settings
 
-{r.settings}{MASK_NOTE if r.mode is Mode.INPAINT else ""}
+{r.settings}{MASK_NOTE if r.mode is Mode.INPAINT else ""}{CONTROL_NOTE if r.control else ""}
 
 ## Headless
 

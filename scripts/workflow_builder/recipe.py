@@ -62,3 +62,7 @@ class Recipe:
     reference_strengths: tuple[tuple[float, float, float], ...] = ()
     # two region prompts, over the left and the right half (FLUX.2 Regional Prompt, onto the prompt)
     regions: tuple[str, ...] = ()
+    # the kind of control map (e.g. "pose") steering FLUX.2 [dev] through the Fun ControlNet; None: none.
+    # With Mode.INPAINT the image and its mask also feed the control net's inpaint mode.
+    control: str | None = None
+    control_strength: float = 0.75

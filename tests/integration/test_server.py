@@ -57,6 +57,14 @@ WORKFLOW_RUNS = {
     "flux2_dev_multi_reference_edit": dict(
         refs=[(96, 64), (64, 80), (80, 80)], sets=["steps=4"], size=(96, 64)
     ),
+    # the Fun ControlNet on dev: the control map first (another size than the output: resized), then the
+    # image to inpaint
+    "flux2_dev_controlnet_pose": dict(
+        refs=[(112, 80)], sets=["width=128", "height=96", "steps=3"], size=(128, 96)
+    ),
+    "flux2_dev_controlnet_inpaint": dict(
+        refs=[(112, 80), ("masked", 96, 64)], sets=["steps=3"], size=(96, 64)
+    ),
     # FLUX.1 Fill [dev]: 8 of its 50 steps; the output is the original's size (outpaint: the padded canvas)
     "flux1_fill_inpaint": dict(refs=[("masked", 96, 64)], sets=["steps=8"], size=(96, 64)),
     "flux1_fill_outpaint": dict(refs=[(96, 64)], sets=["steps=8"], size=(96 + 256, 64)),

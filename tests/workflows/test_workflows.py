@@ -110,7 +110,8 @@ KLEIN_NAMES = [
 DEV_NAMES = ["flux2_dev_text_to_image", "flux2_dev_multi_reference_edit"]
 FILL_NAMES = ["flux1_fill_inpaint", "flux1_fill_outpaint"]
 NATIVE_SAMPLING_NAMES = ["flux2_klein_4b_native_sampler", "flux2_klein_4b_native_easycache"]
-NAMES = KLEIN_NAMES + DEV_NAMES + FILL_NAMES + NATIVE_SAMPLING_NAMES
+CONTROL_NAMES = ["flux2_dev_controlnet_pose", "flux2_dev_controlnet_inpaint"]  # the Fun ControlNet on dev
+NAMES = KLEIN_NAMES + DEV_NAMES + FILL_NAMES + NATIVE_SAMPLING_NAMES + CONTROL_NAMES
 SAMPLERS = ("Flux2KleinSampler", "Flux1FillSampler")
 
 
@@ -251,12 +252,12 @@ def test_editor_nodes_follow_the_contract(name):
 def test_loaders_name_their_model_files(name):
     wf = editor(name)
     folders = {"model_name": "diffusion_models", "text_encoder_name": "text_encoders", "vae_name": "vae",
-               "t5_name": "text_encoders", "clip_name": "text_encoders"}  # fmt: skip
-    # The official BFL repos, Comfy-Org's repackaged ones and those of ComfyUI's author (the FLUX.1 text
-    # encoders of ComfyUI's own templates), nothing else.
-    official = tuple(
-        f"https://huggingface.co/{org}/" for org in ("Comfy-Org", "black-forest-labs", "comfyanonymous")
-    )
+               "t5_name": "text_encoders", "clip_name": "text_encoders",
+               "control_net_name": "controlnet"}  # fmt: skip
+    # The official BFL repos, Comfy-Org's repackaged ones, those of ComfyUI's author (the FLUX.1 text
+    # encoders of ComfyUI's own templates) and the Fun ControlNet's publisher, nothing else.
+    orgs = ("Comfy-Org", "black-forest-labs", "comfyanonymous", "alibaba-pai")
+    official = tuple(f"https://huggingface.co/{org}/" for org in orgs)
     note = next(n for n in wf["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
     for node in wf["nodes"]:
         if node["type"] == "Flux2KleinLoraLoader":  # the user's own LoRA: no download entry
@@ -881,6 +882,59 @@ def test_native_sampling_workflows_run_our_model_through_the_bridges(name):
     (noise,) = [n for n in patched.values() if n["class_type"] == "RandomNoise"]
     assert noise["inputs"]["noise_seed"] == 7
     assert "a test prompt" in [n["inputs"].get("text") for n in patched.values()]
+
+
+@pytest.mark.parametrize("name", CONTROL_NAMES)
+def test_control_workflows_steer_dev_through_the_fun_controlnet(name):
+    """Dev's files and settings; the control map from its own Load Image through FLUX.2 [dev] Apply
+    ControlNet (0.75, the whole schedule) into the sampler's positive; the release file as a download
+    entry; the inpaint workflow's image and mask feeding both Inpaint Prepare and the control net, with no
+    reference tokens (the control net's inpaint mode sees the picture) and the composite at the end."""
+    wf, sampler = api(name), _sampler(api(name))
+    model = _source(wf, sampler, "model")["inputs"]
+    assert (model["model_name"], model["variant"]) == ("flux2-dev.safetensors", "dev")
+    s = sampler["inputs"]
+    assert (s["steps"], s["guidance"], "negative" in s, "references" in s) == (50, 4.0, False, False)
+    apply = _source(wf, sampler, "positive")
+    assert apply["class_type"] == "Flux2DevApplyControlNet"
+    assert (apply["inputs"]["strength"], apply["inputs"]["start"], apply["inputs"]["end"]) == (0.75, 0.0, 1.0)
+    assert _source(wf, apply, "conditioning")["class_type"] == "Flux2KleinTextEncode"
+    assert _source(wf, apply, "vae")["class_type"] == "Flux2KleinVAELoader"
+    loader = _source(wf, apply, "control_net")
+    assert loader["inputs"]["control_net_name"] == "FLUX.2-dev-Fun-Controlnet-Union-2602.safetensors"
+    control_map = apply["inputs"]["control_image"]
+    assert wf[control_map[0]]["class_type"] == "LoadImage" and control_map[1] == 0
+    assert wf[control_map[0]]["_meta"]["title"] == "Control map (pose)"
+    images = client.nodes_of_type(wf, "LoadImage")
+    assert images[0] == control_map[0]  # the client's first --image is the map
+    note = next(n for n in editor(name)["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
+    assert "preprocessor" in note and "0.65-0.80" in note and "--image pose.png" in note
+    (save,) = [n for n in wf.values() if n["class_type"] == "SaveImage"]
+    if name == "flux2_dev_controlnet_pose":
+        assert (s["width"], s["height"], "latent" in s) == (896, 1152, False)
+        assert "mask" not in apply["inputs"] and "image" not in apply["inputs"] and len(images) == 1
+        assert _link(wf, save, "images") == ("Flux2KleinDecode", 0)
+        return
+    (image,) = images[1:]
+    assert apply["inputs"]["image"] == [image, 0] and apply["inputs"]["mask"] == [image, 1]
+    prepare = _source(wf, sampler, "latent")
+    assert prepare["class_type"] == "Flux2KleinInpaintPrepare"
+    assert prepare["inputs"]["image"] == [image, 0] and prepare["inputs"]["mask"] == [image, 1]
+    assert (s["width"], s["height"], s["denoise"]) == (0, 0, 1.0)
+    assert _link(wf, save, "images") == ("Flux2KleinComposite", 0)
+    assert "--image pose.png --image image.png" in note and "MaskEditor" in note
+
+
+@pytest.mark.parametrize("name", CONTROL_NAMES)
+def test_control_workflows_take_the_clients_prompt_map_and_image(name):
+    """Headless, the prompt reaches the text encode behind Apply ControlNet, the first image is the map."""
+    wf = api(name)
+    names = ["map.png", "photo.png"][: len(client.nodes_of_type(wf, "LoadImage"))]
+    patched = client.prepare_workflow(wf, images=names, prompt="a headless prompt", seed=9)
+    apply = _source(patched, _sampler(patched), "positive")
+    assert _source(patched, apply, "conditioning")["inputs"]["text"] == "a headless prompt"
+    assert _source(patched, apply, "control_image")["inputs"]["image"] == "map.png"
+    assert _sampler(patched)["inputs"]["seed"] == 9
 
 
 def test_the_reference_strength_workflow_gives_its_references_different_strengths():
