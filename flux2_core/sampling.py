@@ -20,6 +20,7 @@ import torch
 from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
 from .denoiser import PROMPTS_FOR_BATCH, KleinDenoiser, dit_call
 from .devices.streaming import streamer_of
+from .dit.control import Flux2ControlNet, hint_bytes
 from .dit.kv_cache import RefKVCache
 from .dit.rope import image_ids, reference_ids, text_ids
 from .dit.step_cache import StepCache, check_threshold
@@ -109,10 +110,12 @@ def estimate_memory(
     settings: SampleSettings,
     references: ReferenceLatents | int | None,
     regions: RegionalPrompt | None = None,
+    control: Flux2ControlNet | None = None,
 ) -> int:
     """Rough peak bytes of activations (plus the KV cache, plus the device copies of streamed blocks, plus a
-    regional prompt's longer text and its grouped attention's gathers) for one sampling run of a loaded model;
-    ``references`` may also be just their number of tokens."""
+    regional prompt's longer text and its grouped attention's gathers, plus a control net's hints and its
+    streamed blocks' copies) for one sampling run of a loaded model; ``references`` may also be just their
+    number of tokens."""
     num_ref = references if isinstance(references, int) else (references.num_tokens if references else 0)
     streamer = streamer_of(model.transformer)
     streamed = streamer.working_bytes if streamer is not None else 0
@@ -124,6 +127,11 @@ def estimate_memory(
             counts, settings.grid, model.config.hidden_size, dtype.itemsize, settings.batch_size
         )
     activations = sampling_memory(model.config, model.variant, dtype, settings, num_ref, text)
+    if control is not None:
+        rows, cols = settings.grid
+        mask += hint_bytes(control.config, settings.batch_size, rows * cols + num_ref, dtype)
+        control_streamer = streamer_of(control)
+        streamed += control_streamer.working_bytes if control_streamer is not None else 0
     return activations + mask + streamed
 
 

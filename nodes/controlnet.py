@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from ..flux2_core import MAX_CONTROL_STRENGTH, Flux2Error, load_controlnet
+from ..flux2_core import MAX_CONTROL_STRENGTH, Flux2Error, enable_streaming, load_controlnet
 from . import host, sockets, types
 from .loaders import quant_compute_input
 from .model_files import empty_folder_entry, empty_folder_message
@@ -48,6 +48,15 @@ class Flux2DevControlNetLoader(io.ComfyNode):
                     "(bf16, or an fp8 version of it).",
                 ),
                 quant_compute_input(),
+                io.Combo.Input(
+                    "offload",
+                    options=["none", "stream"],
+                    optional=True,
+                    default="none",
+                    tooltip="none: the whole control net moves to the GPU to sample (8.2 GB in bf16). "
+                    "stream: its blocks stay in CPU memory and are copied to the GPU one at a time, as the "
+                    "model loader's offload stream does (use both on cards that cannot hold dev).",
+                ),
             ],
             outputs=[
                 ControlNetSocket.Output(
@@ -57,7 +66,9 @@ class Flux2DevControlNetLoader(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, control_net_name: str, quant_compute: str = "auto") -> io.NodeOutput:
+    def execute(
+        cls, control_net_name: str, quant_compute: str = "auto", offload: str = "none"
+    ) -> io.NodeOutput:
         if control_net_name == empty_folder_entry(FOLDER, CONTROL_FILE) and not host.filenames(FOLDER):
             raise Flux2Error(empty_folder_message(FOLDER, CONTROL_FILE))
         load_device, offload_device = host.devices("diffusion_model")
@@ -68,6 +79,8 @@ class Flux2DevControlNetLoader(io.ComfyNode):
             keep_quantized=load_device.type != "mps",
             quant_compute=quant_compute,
         )
+        if offload == "stream":  # before the patcher: it then manages (and moves) only the resident part
+            enable_streaming(net, load_device, move=False)
         return io.NodeOutput(types.ControlNet(net, host.manage(net, load_device, offload_device)))
 
 

@@ -201,7 +201,8 @@ class Flux2KleinSampler(io.ComfyNode):
             step_cache=cache_rule,
             control=control,
         )
-        required = estimate_memory(model.core, settings, references, positive.regions)
+        net = control.net if control is not None else None
+        required = estimate_memory(model.core, settings, references, positive.regions, net)
         extra = [positive.control.control_net.patcher] if control is not None else []
         host.load_all(
             [*model.patchers, *extra], required

@@ -121,7 +121,7 @@ def _to_own_device(module: nn.Module, args: tuple, kwargs: dict):
     device = _device_of(module)
     if device is None:
         return None
-    return _moved(args, device), _moved(kwargs, device)
+    return moved(args, device), moved(kwargs, device)
 
 
 def _device_of(module: nn.Module) -> torch.device | None:
@@ -139,17 +139,18 @@ def asynchronous(source: torch.device, target: torch.device) -> bool:
     return source.type == "cuda" and target.type == "cuda"
 
 
-def _moved(value, device: torch.device):
+def moved(value, device: torch.device):
+    """``value`` (a tensor, or tuples / lists / dicts of them) on ``device``; what is there stays."""
     if isinstance(value, torch.Tensor):
         if value.device == device:
             return value
         return value.to(device, non_blocking=asynchronous(value.device, device))
     if isinstance(value, tuple):
-        return tuple(_moved(v, device) for v in value)
+        return tuple(moved(v, device) for v in value)
     if isinstance(value, list):
-        return [_moved(v, device) for v in value]
+        return [moved(v, device) for v in value]
     if isinstance(value, dict):
-        return {k: _moved(v, device) for k, v in value.items()}
+        return {k: moved(v, device) for k, v in value.items()}
     return value
 
 

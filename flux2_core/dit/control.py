@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..devices.placement import moved
 from ..errors import Flux2Error
 from ..ops import Linear
 from ..weights.keymaps import DIT, KeyMap
@@ -71,9 +72,22 @@ class Flux2ControlNet(nn.Module):
     def layers(self) -> tuple[int, ...]:
         return self.config.layers
 
+    def blocks(self) -> list[nn.Module]:
+        """The control blocks in run order: what streaming streams, as the DiT's blocks."""
+        return list(self.double_blocks)
+
+    @property
+    def device(self) -> torch.device:
+        return self.control_img_in.weight.device  # outside the blocks: never streamed
+
     def hints(self, context, img, txt, img_mod, txt_mod, pe, attn_bias=None) -> list[torch.Tensor]:
         """Hint k for each control block, from the control ``context`` [B, N, 260] and the main model's
-        embedded image and text streams (``img`` [B, N, D] after ``img_in``, ``txt`` after ``txt_in``)."""
+        embedded image and text streams (``img`` [B, N, D] after ``img_in``, ``txt`` after ``txt_in``).
+        They run on this net's device (the inputs moved there when the DiT's first block is elsewhere: a
+        block split); each hint is added on the device of the block it follows."""
+        context, img, txt, img_mod, txt_mod, pe, attn_bias = moved(
+            (context, img, txt, img_mod, txt_mod, pe, attn_bias), self.device
+        )
         c = self.before_proj(self.control_img_in(context.to(img.dtype))) + img
         hints = []
         for block, after in zip(self.double_blocks, self.after_proj):
@@ -102,6 +116,14 @@ class Control:
             return self.context
         pad = self.context.new_zeros(self.context.shape[0], extra, self.context.shape[2])
         return torch.cat([self.context, pad], dim=1)
+
+
+def hint_bytes(config: ControlConfig, batch: int, tokens: int, dtype: torch.dtype) -> int:
+    """The device memory a controlled call holds beyond the plain one: the K hints over its ``tokens`` image
+    tokens (all computed before the first main block and kept until theirs), and the control context.
+    The control blocks' own working memory is that of one double block, inside the plain call's peak."""
+    itemsize = torch.finfo(dtype).bits // 8
+    return batch * tokens * (config.blocks * config.hidden_size + config.in_channels) * itemsize
 
 
 # diffusers names of the control part -> ours; the block bodies then follow the DiT's key map

@@ -219,7 +219,7 @@ class Flux2Transformer(DiT):
             img, txt = block(img, txt, img_mod, txt_mod, pe, kv=kv, attn_bias=attn_bias)
             if i in added:
                 hint, strength = added.pop(i)
-                img = img + hint * strength
+                img = img + hint.to(img.device) * strength
             img, txt = _fp16_safe(img), _fp16_safe(txt)
             if i == 0 and step_cache is not None:
                 cached = step_cache.skip(before, img, self.comm)

@@ -199,7 +199,8 @@ def fill(module: nn.Module, load_plan: LoadPlan, spec: ComponentSpec, dtype, dev
             tensor = dequantize(q, {role: tensors[k] for role, k in q.keys.items()}, dtype or torch.float32)
             tensor = tensor[tuple(slice(0, n) for n in target.shape)]
         else:
-            tensor = assemble(load_plan.pieces[key], tensors, key, what, cast)
+            parts = load_plan.quantized_parts
+            tensor = assemble(load_plan.pieces[key], tensors, key, what, cast, parts, dtype or torch.float32)
         tensor = tensor.reshape(target.shape)  # diffusers' Linear [C, C] for a 1x1 conv [C, C, 1, 1]
         if cast is not None and tensor.is_floating_point():
             tensor = tensor.to(cast)
@@ -215,17 +216,27 @@ def assemble(
     key: str,
     what: str,
     dtype: torch.dtype | None = None,
+    quantized_parts: Mapping | None = None,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Our tensor ``key`` from its file pieces: one tensor as it is, or parts concatenated in order; read
-    straight into ``dtype`` when one is given (a floating tensor is then never held in both dtypes)."""
+    straight into ``dtype`` when one is given (a floating tensor is then never held in both dtypes). A part
+    in ``quantized_parts`` (file key -> its quantised layer) is dequantised into ``compute_dtype`` first."""
+
+    def read(file_key: str) -> torch.Tensor:
+        q = (quantized_parts or {}).get(file_key)
+        if q is None:
+            return read_tensor(tensors, file_key, dtype)
+        return dequantize(q, {role: tensors[k] for role, k in q.keys.items()}, compute_dtype)
+
     if len(parts) == 1 and parts[0][1].into is None:
         file_key, placement = parts[0]
-        return _take(read_tensor(tensors, file_key, dtype), placement)
+        return _take(read(file_key), placement)
     blocks = {p.into.index: (file_key, p) for file_key, p in parts if p.into is not None}
     count = parts[0][1].into.count if parts[0][1].into is not None else 0
     if len(parts) != count or sorted(blocks) != list(range(count)):
         raise Flux2Error(f"{what}: {key} is missing some of its parts (e.g. q/k/v); the file is incomplete")
-    return torch.cat([_take(read_tensor(tensors, blocks[i][0], dtype), blocks[i][1]) for i in range(count)])
+    return torch.cat([_take(read(blocks[i][0]), blocks[i][1]) for i in range(count)])
 
 
 def _take(tensor: torch.Tensor, placement: Placement) -> torch.Tensor:

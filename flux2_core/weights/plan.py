@@ -77,6 +77,9 @@ class LoadPlan:
     quantized: Quantized
     tensors: Mapping
     stays_quantized: Quantized = field(default_factory=dict)
+    # file weight key -> its quantised layer, for the parts of a fused weight (diffusers' separate q / k / v,
+    # each with its own scale): dequantised as read, then joined, so that weight is held in the load dtype
+    quantized_parts: dict[str, QuantLayer] = field(default_factory=dict)
 
     @property
     def dequantized_at_load(self) -> dict[str, QuantLayer]:
@@ -200,16 +203,34 @@ def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> LoadPlan:
     ours = {
         parts[0][0]: key for key, parts in pieces.items() if len(parts) == 1 and parts[0][1] == Placement(key)
     }
+    fused = {file_key for parts in pieces.values() if len(parts) > 1 for file_key, _ in parts}
+    parts_quantized = {}
     for q in found.values():
         key = ours.get(q.keys["weight"])
+        if q.keys["weight"] in fused:
+            parts_quantized[q.keys["weight"]] = q
+            continue
         if key is None or not key.endswith(".weight"):
             raise Flux2Error(
-                f"{checkpoint.name}: the quantised tensor {q.keys['weight']} is part of a fused weight in "
-                "this naming, which cannot stay quantised; use the BFL-named file of the model"
+                f"{checkpoint.name}: the quantised tensor {q.keys['weight']} has no place in the "
+                f"{spec.what}: the file is not of this kind"
             )
         shapes[key] = q.shape  # the logical shape (a packed nvfp4 row holds two values per byte)
         quantized[key.removesuffix(".weight")] = q
-    return LoadPlan(checkpoint.name, pieces, shapes, quantized, checkpoint.tensors)
+    for key, parts in pieces.items():  # quantised parts: their logical shapes joined
+        if any(file_key in parts_quantized for file_key, _ in parts):
+            shapes[key] = (sum(_part_rows(parts_quantized, checkpoint.tensors, k) for k, _ in parts),
+                           *_part_shape(parts_quantized, checkpoint.tensors, parts[0][0])[1:])  # fmt: skip
+    return LoadPlan(checkpoint.name, pieces, shapes, quantized, checkpoint.tensors, {}, parts_quantized)
+
+
+def _part_shape(quantized: dict, tensors, file_key: str) -> tuple[int, ...]:
+    q = quantized.get(file_key)
+    return tuple(q.shape) if q is not None else tensor_shape(tensors, file_key)
+
+
+def _part_rows(quantized: dict, tensors, file_key: str) -> int:
+    return _part_shape(quantized, tensors, file_key)[0]
 
 
 def _joined_shape(parts, tensors, key: str, name: str) -> tuple[int, ...]:

@@ -148,8 +148,8 @@ def _control(g: Graph, r: Recipe, vae: Node, positive: Node) -> Node:
     """The Fun ControlNet below the references: its loader, the control map's Load Image and FLUX.2 [dev]
     Apply ControlNet on the prompt; returns the Apply node (the sampler's positive)."""
     y = Y_IMAGES + IMAGE_ROW * r.references
-    loader = g.add("Flux2DevControlNetLoader", (X_LOAD, y), (380, 82),
-                   {"control_net_name": CONTROL_FILE, "quant_compute": "auto"},
+    loader = g.add("Flux2DevControlNetLoader", (X_LOAD, y), (380, 106),
+                   {"control_net_name": CONTROL_FILE, "quant_compute": "auto", "offload": "none"},
                    properties={"models": models_property(CONTROL_FILE)})  # fmt: skip
     image = load_image(g, y + 120, f"Control map ({r.control})")
     values = {"strength": r.control_strength, "start": 0.0, "end": 1.0}

@@ -131,5 +131,5 @@ def test_moves_between_split_devices_wait_unless_both_ends_are_gpus():
             return super().__torch_function__(func, types, args, kwargs or {})
 
     x = torch.ones(3).as_subclass(Recording)
-    moved = placement_module._moved({"x": (x, [x])}, torch.device("meta"))
+    moved = placement_module.moved({"x": (x, [x])}, torch.device("meta"))
     assert moved["x"][0].device.type == "meta" and seen == [False, False]
