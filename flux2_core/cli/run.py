@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..configs import FLUX2, Flux2Config, Variant, describe
 from ..devices.streaming import BLOCKS_IN_FLIGHT, disable_streaming, enable_streaming
-from ..dit.control import load_controlnet
+from ..dit.control import CONTROL_SPEC, check_configs, hint_bytes, load_controlnet
 from ..dit.files import DIT_SPEC, transformer_variant
 from ..dit.step_cache import check_threshold
 from ..dit.transformer import CONTROL_AND_PARALLEL, REGIONS_AND_REFERENCES, Flux2Model, compile_blocks
@@ -236,7 +236,23 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     if args.offload == "stream":  # what stays on the device, plus the blocks in flight; all of it in RAM
         in_flight = BLOCKS_IN_FLIGHT * dit_bytes // max(config.depth + config.depth_single_blocks, 1)
         in_ram, dit_bytes = dit_bytes, min(dit_bytes, args.resident_mb * 2**20 + in_flight)
-    what = f"{width}x{height} with {len(request.images)} reference(s) ({num_ref_tokens} reference tokens)"
+    if args.controlnet is not None:  # the control net beside the DiT (streamed with it), and its hints
+        control, control_bytes, _ = weight_bytes(CONTROL_SPEC, args.controlnet, dtype)
+        check_configs(control, config, f"--controlnet {Path(args.controlnet).name}")
+        tokens = settings.grid[0] * settings.grid[1] + num_ref_tokens
+        activations += hint_bytes(control, settings.batch_size, tokens, dtype)
+        on_device = control_bytes
+        if args.offload == "stream":  # its small parts and three blocks in flight
+            on_device = min(control_bytes, BLOCKS_IN_FLIGHT * control_bytes // control.blocks)
+            in_ram = (in_ram or 0) + control_bytes
+        dit_bytes += on_device
+        what_control = f", under {Path(args.controlnet).name}"
+    else:
+        what_control = ""
+    what = (
+        f"{width}x{height} with {len(request.images)} reference(s) ({num_ref_tokens} reference tokens)"
+        + what_control
+    )
     inputs.check_memory(
         request.device, dit_bytes, te_bytes, activations, what, ranks.on_this_host, ranks.mode, in_ram
     )
@@ -324,7 +340,11 @@ def sample_prompts(request, plan, model, conditioning, references, start, mask, 
     control = None
     if request.control is not None:
         keep = request.device.type != "mps"
-        net = load_controlnet(args.controlnet, request.dtype, request.device, keep, args.quant_compute)
+        if args.offload == "stream":  # its blocks stay in RAM and are copied in as they run, as the DiT's
+            net = load_controlnet(args.controlnet, request.dtype, "cpu", keep, args.quant_compute)
+            enable_streaming(net, request.device)
+        else:
+            net = load_controlnet(args.controlnet, request.dtype, request.device, keep, args.quant_compute)
         control = AppliedControl(net, request.context, args.control_strength)
     results = []
     for k in range(max(prompts, 1)):  # regions without a global prompt: one run
@@ -353,7 +373,10 @@ def sample_prompts(request, plan, model, conditioning, references, start, mask, 
             results.append(sample(run))
     if args.offload == "stream":
         disable_streaming(model.transformer)  # back on the CPU, as loaded
+        if control is not None:
+            disable_streaming(control.net)
     model.transformer.to("cpu")
+    del control  # the control net is read for this run only
     inputs.release(request.device)
     return results
 

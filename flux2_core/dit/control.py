@@ -178,7 +178,11 @@ def identify_control(names: dict[str, str], checkpoint) -> None:
 
 def check_pairing(control: Flux2ControlNet, dit, what: str = "the control net") -> None:
     """A control net fits FLUX.2 [dev]'s width and depth; with klein it is refused with what it is for."""
-    config = dit.config
+    check_configs(control.config, dit.config, what)
+
+
+def check_configs(control: ControlConfig, config, what: str = "the control net") -> None:
+    """``check_pairing`` from the two configs (the files' headers: before anything is loaded)."""
     if not config.guidance_embed:
         raise Flux2Error(
             f"{what} is the FLUX.2 [dev] Fun ControlNet, which only steers FLUX.2 [dev]: load "
@@ -186,9 +190,9 @@ def check_pairing(control: Flux2ControlNet, dit, what: str = "the control net") 
             "RefControl LoRA on klein base for pose or depth)"
         )
     layers = control.layers
-    if control.config.hidden_size != config.hidden_size or layers[-1] >= config.depth:
+    if control.hidden_size != config.hidden_size or layers[-1] >= config.depth:
         raise Flux2Error(
-            f"{what} is {control.config.hidden_size} wide with hints for double blocks {list(layers)}, but "
+            f"{what} is {control.hidden_size} wide with hints for double blocks {list(layers)}, but "
             f"the model is {config.hidden_size} wide with {config.depth} double blocks: use the control net "
             "made for this model"
         )

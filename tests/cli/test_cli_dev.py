@@ -201,3 +201,30 @@ def test_a_control_net_with_klein_is_refused(files, control_files, tmp_path, cap
     flags = ["--controlnet", str(control_files["controlnet"]), "--control", str(control_files["pose"])]
     assert main(_argv(files, out, "klein", "qwen", *flags)) == 2
     assert "only steers FLUX.2 [dev]" in caplog.text and not out.exists()
+
+
+def test_the_memory_check_counts_the_control_net_and_streaming_streams_it_too(
+    files, control_files, tmp_path, monkeypatch
+):
+    """The control net's weights and hints are in the memory check (on the device; with --offload stream in
+    RAM, its blocks in flight on the device), and a streamed controlled run draws the resident one."""
+    import torch
+
+    from flux2_core.cli import inputs
+    from flux2_core.dit.control import CONTROL_SPEC, hint_bytes
+    from flux2_core.weights.loading import weight_bytes
+
+    seen, check = [], inputs.check_memory
+    monkeypatch.setattr(inputs, "check_memory", lambda *a: seen.append(a) or check(*a))
+    flags = ["--controlnet", str(control_files["controlnet"]), "--control", str(control_files["pose"])]
+    plain, resident, streamed = (tmp_path / f"{n}.png" for n in ("plain", "resident", "streamed"))
+    assert main(_argv(files, plain)) == 0
+    assert main(_argv(files, resident, "dev", "mistral", *flags)) == 0
+    assert main(_argv(files, streamed, "dev", "mistral", *flags, "--offload", "stream")) == 0
+    assert np.array_equal(_pixels(streamed), _pixels(resident))
+    (_, dit, _, act, *_), (_, dit_c, _, act_c, *_), streaming = seen  # check_memory's arguments
+    config, control_bytes, _ = weight_bytes(CONTROL_SPEC, control_files["controlnet"], torch.float32)
+    assert dit_c - dit == control_bytes > 0
+    assert act_c - act == hint_bytes(config, 1, (64 // 16) * (80 // 16), torch.float32)
+    # streamed: the DiT and the control net in RAM (one control block: its whole bytes in flight at most)
+    assert streaming[-1] == dit + control_bytes and streaming[1] <= dit_c and streaming[3] == act_c
