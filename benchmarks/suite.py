@@ -616,7 +616,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--native-sdpa", action="store_true", help="native ComfyUI with --use-pytorch-cross-attention"
     )
-    p.add_argument("--skip", nargs="*", default=[], choices=["dit", "text", "vae", "e2e", "load"])
+    p.add_argument("--skip", nargs="*", default=[], choices=["dit", "text", "vae", "e2e", "load", "control"])
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--svg", type=Path, default=None)
     p.add_argument(
@@ -703,6 +703,8 @@ def run_shape(args, label: str, config: Flux2Config, device, dtype, peak: float,
     if "dit" not in args.skip and not dry:
         out["dit"] = bench_dit(args, config, impls, device, dtype, timer, peak)
     impls.pop("native", None)  # no later section runs native's DiT
+    if config.guidance_embed and "control" not in args.skip:  # the Fun ControlNet beside our DiT
+        out["control"] = control_section(args, config, impls, ledger, device, dtype, timer, native)
     if "e2e" in args.skip:
         impls.clear()  # nor ours or diffusers'
     release(device)
@@ -754,6 +756,47 @@ def run_shape(args, label: str, config: Flux2Config, device, dtype, peak: float,
                 timer,
             )
     return out
+
+
+def control_section(args, config, impls: dict, ledger, device, dtype, timer, native: int) -> dict:
+    """FLUX.2 [dev] under the Fun ControlNet: ours plain against ours controlled (strength 0.75, the
+    context of the output's tokens), at each t2i size. The control net has one block per two of the
+    shape's double blocks (the release: 4 for dev's 8), random, made on the device; the ledger holds it
+    beside every DiT of the cases, with the hints of the largest case."""
+    from control_cost import random_module
+
+    from flux2_core.dit.control import CONTROL_CHANNELS, Control, ControlConfig, Flux2ControlNet, hint_bytes
+
+    control_config = ControlConfig(
+        config.hidden_size, config.num_heads, config.mlp_hidden_dim, config.depth // 2
+    )
+    net = random_module(lambda: Flux2ControlNet(control_config), device, dtype, seed=1)
+    tokens = max(c.attended_tokens for c in cases(args, kv=False))
+    grid = max(args.sizes) // 16
+    extra = native + step_allowance(config, dtype, tokens) + hint_bytes(control_config, 1, grid * grid, dtype)
+    ledger.stage(f"+ Fun ControlNet ({control_config.blocks} blocks)", *impls.values(), net, extra=extra)
+    results = {}
+    if args.dry_run or "dit" in args.skip:
+        return results
+    ours = impls["ours"]
+    for size in args.sizes:
+        case = sm.Case(f"t2i {size}² under the Fun ControlNet", size, ref_size=args.ref_size)
+        inp = sm.make_inputs(case, config.context_in_dim, device, dtype, guidance=4.0)
+        context = torch.randn(1, case.grid**2, CONTROL_CHANNELS, generator=torch.Generator().manual_seed(3))
+        steer = Control(net, context.to(device, dtype), 0.75)
+        calls = {"plain": ours.step(case, inp), "controlled": _controlled(ours.net, inp, steer)}
+        r = alternate(calls, args.rounds, timer, reference="plain")
+        ratio = r["controlled"]["ratio_median"]
+        # the table's "ours" column: the controlled step (the plain one is the t2i case of the same size)
+        results[case.name] = {"case": vars(case), "impls": {"ours": r["controlled"]}, "plain": r["plain"],
+                              "controlled_over_plain": ratio}  # fmt: skip
+        print(f"    controlled / plain: {ratio:.3f}x the time", flush=True)
+    return results
+
+
+def _controlled(net, inp, steer):
+    g = inp.extra["guidance"]
+    return lambda: net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, guidance=g, control=steer)
 
 
 def vae_section(args, vae_sd, vae_config, device, timer, with_native: bool) -> dict:
@@ -813,6 +856,7 @@ def main() -> None:
     for label, shape in report["shapes"].items():
         sections = {
             **shape.get("dit", {}),
+            **shape.get("control", {}),
             **shape.get("text", {}),
             **shape.get("vae", {}),
             **shape.get("e2e", {}),

@@ -90,11 +90,33 @@ def test_gpu_real_dry_run_adds_up_each_stage_and_fits_an_80_gb_card(tmp_path):
         # ours shares the state dict it is built from and native counts as one more copy of it
         assert stages["DiT cases"]["held_bytes"] == stages["+ its BFL state dict"]["held_bytes"]
         assert stages["DiT cases"]["extra_bytes"] > stages["+ its BFL state dict"]["held_bytes"] - dit
+    dev = {s["stage"]: s for s in plan["shapes"]["dev"]["stages"]}
+    # the Fun ControlNet beside the dev cases: one control block per two double blocks (here 1), whose
+    # weights (a double block, the 260-channel input and two projections: 1.04 B parameters) add 1.9 GiB
+    control = dev["+ Fun ControlNet (1 blocks)"]
+    added = control["held_bytes"] - dev["DiT cases"]["held_bytes"]
+    assert 1.85 * gib < added < 2.0 * gib, added / gib
+    assert control["extra_bytes"] > dev["DiT cases"]["extra_bytes"]  # and its hints
     nine = {s["stage"]: s for s in plan["shapes"]["klein-9b"]["stages"]}
     # the load probe runs before ours and native exist: the parent holds diffusers' DiT and the state dict
     assert nine["load probe"]["total_bytes"] < nine["DiT cases"]["total_bytes"]
     assert list(nine) == ["diffusers' DiT", "+ its BFL state dict", "load probe", "DiT cases",
                           "text encoders", "VAE", "end to end"]  # fmt: skip
+
+
+def test_the_control_cost_benchmark_runs_plain_and_controlled_steps(tmp_path):
+    """``control_cost.py`` at a tiny width: both steps timed, the controlled one with more weights (the
+    control block) and its hints' memory in the plan's allowance."""
+    out = tmp_path / "control.json"
+    cmd = [sys.executable, "control_cost.py", "--heads", "1", "--size", "64", "--text-tokens", "8",
+           "--dtype", "float32", "--share-single", "--repeats", "1", "--json", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, cwd=REPO / "benchmarks", capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "controlled / plain: time" in run.stdout and "2+12 blocks and 1 control block(s)" in run.stdout
+    report = json.loads(out.read_text())
+    assert set(report["median_s"]) == {"plain", "controlled"}
+    assert report["weight_bytes"]["controlled"] > report["weight_bytes"]["plain"]
+    assert report["planned_hint_bytes"] == 16 * (128 + 260) * 4  # one hint and the context, 16 tokens
 
 
 def test_gpu_real_dry_run_refuses_a_card_too_small_and_names_the_shape():

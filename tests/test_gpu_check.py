@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ["plan", "suite", "suite_fp8", "formats", "quant_compute", "streaming", "interrupt", "parallel"]
+STEPS = ["plan", "suite", "suite_fp8", "formats", "quant_compute", "control", "streaming", "interrupt",
+         "parallel"]  # fmt: skip
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
@@ -41,6 +42,8 @@ def test_gpu_check_dry_run_runs_every_step_and_writes_its_json(tmp_path):
         assert {"ours bf16", "ours fp8 auto", "ours fp8 dequantize", "ours nvfp4 auto"} <= set(rows)
         assert "compute capability 8.9" in rows["ours fp8 auto"]["choice"]["float8_e4m3fn"]
         assert 0 < rows["ours nvfp4 dequantize"]["error"] < 0.1
+    control = json.loads((out / "control.json").read_text())
+    assert set(control["median_s"]) == {"plain", "controlled"} and control["planned_hint_bytes"] > 0
     assert json.loads((out / "streaming_cost.json").read_text())["identical"] is True
     stopped = json.loads((out / "streaming_interrupt.json").read_text())
     assert stopped["ok"] and stopped["clean_run_identical"]

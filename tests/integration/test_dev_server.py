@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from comfy_server import DEV_CONTROL, DEV_DIT, DEV_TEXT_ENCODER, E4, FILL_FILES
+from comfy_server import DEV_CONTROL, DEV_CONTROL_FP8, DEV_DIT, DEV_FP8, DEV_TEXT_ENCODER, E4, FILL_FILES
 from test_server import _flux2_error_message
 
 DEV_WIDTH = 3 * 16  # the tiny Mistral is 16 wide: hidden states 10, 20, 30 per token
@@ -97,13 +97,16 @@ def test_wrong_pairings_name_the_right_text_encoder_before_any_step(comfy, node,
     assert "progress" not in events, "a sampling step ran before the pairing was refused"
 
 
-def _controlled(comfy, strength: float, **extra) -> dict:
+def _controlled(
+    comfy, strength: float, loader: dict | None = None, control: dict | None = None, **extra
+) -> dict:
     """The small dev workflow with the Fun ControlNet between the prompt and the sampler, the control map
-    from a LoadImage."""
-    wf = small_dev(comfy)
+    from a LoadImage; ``loader`` / ``control``: inputs of the model / control net loader."""
+    wf = small_dev(comfy, **(loader or {}))
     (sampler,) = comfy.kc.nodes_of_type(wf, comfy.kc.SAMPLER)
     (vae,) = comfy.kc.nodes_of_type(wf, "Flux2KleinVAELoader")
-    wf["90"] = {"class_type": "Flux2DevControlNetLoader", "inputs": {"control_net_name": DEV_CONTROL}}
+    wf["90"] = {"class_type": "Flux2DevControlNetLoader",
+                "inputs": {"control_net_name": DEV_CONTROL, **(control or {})}}  # fmt: skip
     wf["91"] = {"class_type": "LoadImage", "inputs": {"image": comfy.upload((112, 80))}}
     wf["92"] = {
         "class_type": "Flux2DevApplyControlNet",
@@ -127,6 +130,28 @@ def test_the_fun_controlnet_steers_dev_and_strength_zero_is_the_plain_image(comf
     wf = _controlled(comfy, 0.75, mask=["91", 1], image=["91", 0])
     (inpainted,) = comfy.images(comfy.run(wf, timeout=300)).values()
     assert np.asarray(inpainted).shape == c.shape
+
+
+def test_the_control_net_on_an_fp8_base_from_an_fp8_file_and_streamed(comfy):
+    """On the fp8 dev base the control steers; streaming both the base and the control net (offload stream
+    on both loaders, nothing resident) draws the resident image pixel for pixel; an fp8 control file (its
+    q / k / v dequantised into the fused qkv, the rest fp8) steers as the bf16 one does, up to fp8's
+    rounding."""
+    fp8 = {"model_name": DEV_FP8}
+    images = {}
+    for name, loader, control, strength in [
+        ("plain", fp8, None, 0.0),
+        ("resident", fp8, None, 0.75),
+        ("streamed", {**fp8, "offload": "stream", "resident_mb": 0}, {"offload": "stream"}, 0.75),
+        ("fp8 control", fp8, {"control_net_name": DEV_CONTROL_FP8}, 0.75),
+    ]:
+        wf = _controlled(comfy, strength, loader, control)
+        (image,) = comfy.images(comfy.run(wf, timeout=300)).values()
+        images[name] = np.asarray(image.convert("RGB")).astype(int)
+    assert np.abs(images["resident"] - images["plain"]).mean() > 1, "no control on the fp8 base"
+    assert np.array_equal(images["streamed"], images["resident"]), "streaming changed the image"
+    steer = np.abs(images["resident"] - images["plain"]).mean()
+    assert np.abs(images["fp8 control"] - images["resident"]).mean() < 0.5 * steer
 
 
 def test_a_control_net_with_klein_is_refused_with_what_it_is_for(comfy):
