@@ -150,3 +150,30 @@ def test_a_batch_shares_the_control_context(files):
     batch = sample(SampleRequest(model, positive, replace(SETTINGS, batch_size=2), control=control))
     alone = sample(SampleRequest(model, positive, SETTINGS, control=control))
     torch.testing.assert_close(batch[:1], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_a_lora_on_the_base_under_control_is_the_merged_base_under_control(files, tmp_path):
+    """A LoRA applied while sampling (never merged) steers with the control net as a base whose weights
+    hold the LoRA's delta does; the control net's own weights are not the LoRA's."""
+    from safetensors.torch import load_file
+
+    from flux2_core.lora import prepare_lora, read_lora
+
+    sd = load_file(str(files["float"]))
+    g = torch.Generator().manual_seed(9)
+    tensors, merged = {}, dict(sd)
+    for layer in ("double_blocks.0.img_attn.qkv", "double_blocks.1.img_mlp.0", "single_blocks.0.linear1"):
+        out, inp = sd[layer + ".weight"].shape
+        down, up = torch.randn(2, inp, generator=g) * 0.3, torch.randn(out, 2, generator=g) * 0.3
+        tensors[f"diffusion_model.{layer}.lora_A.weight"] = down
+        tensors[f"diffusion_model.{layer}.lora_B.weight"] = up
+        merged[layer + ".weight"] = sd[layer + ".weight"] + 0.8 * (up @ down)
+    save_file(tensors, str(tmp_path / "lora.safetensors"))
+    save_file(merged, str(tmp_path / "merged.safetensors"))
+    model = load_transformer(files["float"], variant="dev")
+    lora = prepare_lora(read_lora(tmp_path / "lora.safetensors"), model.transformer, strength=0.8)
+    net = load_controlnet(files["control"])
+    ours = _run(model.with_lora(lora), net)
+    theirs = _run(load_transformer(tmp_path / "merged.safetensors", variant="dev"), net)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert (ours - _run(model, net)).abs().mean() > 1e-3  # the LoRA changes the controlled run
