@@ -95,7 +95,7 @@ from .sampling import (
     output_size,
     sample,
 )
-from .steering.control_image import MAX_CONTROL_STRENGTH, AppliedControl, control_context
+from .steering.control_image import MAX_CONTROL_STRENGTH, AppliedControl, control_context, control_output_size
 from .steering.reference_strength import MAX_STRENGTH as MAX_REFERENCE_STRENGTH
 from .steering.reference_strength import ReferenceStrength, at_step, step_of
 from .steering.regions import Region, RegionalPrompt, regional_plan
@@ -108,6 +108,7 @@ __all__ = [
     "AppliedControl",
     "Flux2ControlNet",
     "control_context",
+    "control_output_size",
     "load_controlnet",
     "QUANT_COMPUTE_MODES",
     "FIT_MODES",

@@ -86,7 +86,7 @@ def prepare_inpaint(
     mask = grow_mask(mask, grow)
     height, width = mask.shape
     box = _mask_box(mask, context, width, height) if crop_to_mask else (0, 0, width, height)
-    size = _sample_size(box[2], box[3], max_pixels, enlarge=crop_to_mask)
+    size = sample_size(box[2], box[3], max_pixels, enlarge=crop_to_mask)
     left, top, bw, bh = box
     crop = resize_image(image[top : top + bh, left : left + bw], size)
     crop_mask = resize_mask(mask[top : top + bh, left : left + bw], size)
@@ -233,7 +233,7 @@ def _widen(start: int, stop: int, low: int, limit: int) -> tuple[int, int]:
     return max(0, stop - low), stop
 
 
-def _sample_size(width: int, height: int, max_pixels: int, enlarge: bool) -> tuple[int, int]:
+def sample_size(width: int, height: int, max_pixels: int, enlarge: bool) -> tuple[int, int]:
     """Multiples of 16 close to ``width x height`` scaled to at most ``max_pixels`` (and, with ``enlarge``, up
     to it, at most 4x)."""
     scale = math.sqrt(max_pixels / (width * height))

@@ -63,11 +63,13 @@ def output_size(
     batch_size: int,
     references: ReferenceLatents | None = None,
     latent: dict | None = None,
+    control_size: tuple[int, int] | None = None,
 ) -> tuple[int, int, int]:
     """(width, height, batch size) to sample. A latent sets all three; otherwise a 0 side takes the first
-    reference's processed size, or the default size without references (the core's rule)."""
+    reference's processed size, else ``control_size`` (a control map's: ``control_output_size``), else the
+    default size (the core's rule)."""
     if latent is not None:
         batch, _, h, w = latent_samples(latent).shape
         return w * FLUX2.size_multiple, h * FLUX2.size_multiple, batch
-    first = references.pixel_size(0) if references is not None and len(references) else None
+    first = references.pixel_size(0) if references is not None and len(references) else control_size
     return (*core_output_size(width, height, first), batch_size)

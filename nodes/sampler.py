@@ -29,6 +29,7 @@ from ..flux2_core import (
     StepCache,
     check_fits,
     control_context,
+    control_output_size,
     encode_reference_kv,
     estimate_memory,
     latent_mask,
@@ -50,9 +51,10 @@ TOOLTIPS = {
     "embedded in the model (about 4; one pass per step, no negative prompt). Distilled and KV models ignore "
     "it: keep 1.",
     "width": "Output width in pixels, a multiple of 16 (at least 64). 0: the first reference's width after "
-    "its pixel cap, or 1024 without references.",
+    "its pixel cap; without references the control map's at about 1 megapixel (FLUX.2 [dev] Apply "
+    "ControlNet), else 1024.",
     "height": "Output height in pixels, a multiple of 16 (at least 64). 0: the first reference's height "
-    "after its pixel cap, or 1024 without references.",
+    "after its pixel cap; without references the control map's at about 1 megapixel, else 1024.",
     "batch_size": "Images per run (each from its own slice of one noise draw).",
     "negative": "Negative prompt for base models with guidance > 1 (an empty prompt is the usual choice). "
     "Distilled, KV and dev models do not use it.",
@@ -172,7 +174,14 @@ class Flux2KleinSampler(io.ComfyNode):
         kv_cache: str = "reuse",
         step_cache: float = 0.0,
     ) -> io.NodeOutput:
-        width, height, batch_size = convert.output_size(width, height, batch_size, references, latent)
+        pending = positive.control
+        shown = (
+            None if pending is None else (pending.control if pending.control is not None else pending.image)
+        )
+        by_control = control_output_size(shown) if shown is not None else None
+        width, height, batch_size = convert.output_size(
+            width, height, batch_size, references, latent, by_control
+        )
         settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
         cache_rule = StepCache(step_cache)  # checked before anything is loaded
         grid = (height // SIZE_MULTIPLE, width // SIZE_MULTIPLE)

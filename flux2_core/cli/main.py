@@ -101,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--outpaint", default=None, help="LEFT,TOP,RIGHT,BOTTOM pixels to add (multiples of 16)")
     gen.add_argument("--mask-feather", type=int, default=0, help="pixels of blend inside the mask's edge")
     gen.add_argument("--no-composite", action="store_true", help="save the raw decoded inpaint, no composite")
-    gen.add_argument("--width", type=int, default=None, help="default: first reference's size, else 1024")
+    gen.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="default: first reference's size, else the control map's (about 1 MP), else 1024",
+    )
     gen.add_argument("--height", type=int, default=None)
     gen.add_argument("--steps", type=int, default=None, help="default: 4 distilled / kv, 50 base, dev, Fill")
     gen.add_argument(

@@ -43,7 +43,12 @@ from ..sampling import (
     sample,
     sampling_memory,
 )
-from ..steering.control_image import MAX_CONTROL_STRENGTH, AppliedControl, control_context
+from ..steering.control_image import (
+    MAX_CONTROL_STRENGTH,
+    AppliedControl,
+    control_context,
+    control_output_size,
+)
 from ..steering.regions import Region, RegionalPrompt, regional_cost
 from ..text.encoder import load_text_encoder, text_encoder_spec_for
 from ..vae.autoencoder import load_vae
@@ -207,7 +212,11 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     if edit is not None:  # the size sampled is the edit's (--width/--height may only repeat the output's)
         width, height = edit.size
     else:
-        width, height = output_size(args.width, args.height, request.sizes[0] if request.sizes else None)
+        first = request.sizes[0] if request.sizes else None
+        if first is None and request.control is not None:  # no reference: the control map's shape
+            shown = request.control[0] if request.control[0] is not None else request.control[2]
+            first = control_output_size(shown) if shown is not None else None
+        width, height = output_size(args.width, args.height, first)
     config, dit_bytes, checkpoint = weight_bytes(DIT_SPEC, args.model, dtype)
     variant = transformer_variant(checkpoint, config, args.variant)
     inpaint = edit is not None and edit.mask is not None  # the image to inpaint is reference 1

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..configs import FLUX2
 from ..dit.control import Control, Flux2ControlNet, check_pairing
+from ..editing import sample_size
 from ..errors import Flux2Error
 from ..flow import pack
 from ..vae.latent_format import patchify
@@ -67,6 +69,14 @@ class AppliedControl:
         if not self.strength or not (self.start * steps <= step < self.end * steps):
             return None
         return Control(self.net, self.context.to(device, dtype), self.strength)
+
+
+def control_output_size(pixels: torch.Tensor) -> tuple[int, int]:
+    """(width, height) a control map [B, 3, H, W] gives the output when nothing else sets it (no reference,
+    no latent, a side left at 0): its aspect ratio at about one megapixel (FLUX.2's default size), in
+    multiples of 16, a small map enlarged up to 4x."""
+    height, width = pixels.shape[-2:]
+    return sample_size(width, height, FLUX2.default_size**2, enlarge=True)
 
 
 def resize(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:

@@ -372,12 +372,13 @@ RECIPES += (
             "A dancer in a flowing red dress on a wooden stage, one arm raised, warm spotlight from above, "
             "dark theatre behind her, photorealistic"
         ),
-        width=896,
-        height=1152,
+        width=0,
+        height=0,
         control="pose",
         settings=(
-            f"{DEV_SETTINGS}\n\nThe output is 896x1152 (portrait, like most pose maps): set width and "
-            "height to your map's aspect ratio."
+            f"{DEV_SETTINGS}\n\nWidth and height are **0**: the output takes the control map's aspect ratio "
+            "at about one megapixel (multiples of 16; a small map is scaled up to 4x). Set them to a number "
+            "to force a size: the map is then resized to it."
         ),
         family=Family.DEV,
     ),

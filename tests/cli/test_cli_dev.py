@@ -228,3 +228,20 @@ def test_the_memory_check_counts_the_control_net_and_streaming_streams_it_too(
     assert act_c - act == hint_bytes(config, 1, (64 // 16) * (80 // 16), torch.float32)
     # streamed: the DiT and the control net in RAM (one control block: its whole bytes in flight at most)
     assert streaming[-1] == dit + control_bytes and streaming[1] <= dit_c and streaming[3] == act_c
+
+
+def test_without_a_size_or_references_the_control_map_sets_it(files, control_files, tmp_path):
+    """No --width / --height and no reference: the output takes the control map's aspect at about 1 MP
+    (the 120 x 96 map enlarged 4x: 480 x 384); in the control's inpaint mode alone, the picture's."""
+    argv = _argv(files, tmp_path / "x.png")
+    at = argv.index("--width")
+    del argv[at : at + 4]  # --width 80 --height 64
+    out = tmp_path / "sized.png"
+    argv[argv.index("--output") + 1] = str(out)
+    flags = ["--controlnet", str(control_files["controlnet"]), "--control", str(control_files["pose"])]
+    assert main([*argv, *flags]) == 0
+    assert Image.open(out).size == (480, 384)
+    inpaint = ["--controlnet", str(control_files["controlnet"]), "--control-mask", str(control_files["mask"]),
+               "--image", str(control_files["picture"])]  # fmt: skip
+    assert main([*argv, *inpaint]) == 0
+    assert Image.open(out).size == (320, 256)  # the 80 x 64 picture, 4x

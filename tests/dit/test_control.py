@@ -323,3 +323,16 @@ def test_sampled_latents_equal_the_reference_pipelines(reference, files, mode):
     assert theirs.shape == pack(ours).shape == (1, height * width // 256, 128)
     torch.testing.assert_close(pack(ours), theirs, rtol=1e-4, atol=1e-4)
     assert (ours - plain).abs().max() > 1e-2  # the control shows in the latents: the check could fail
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [((768, 512), (832, 1248)), ((1024, 1024), (1024, 1024)), ((80, 112), (448, 320)),
+     ((3000, 2000), (832, 1248))],
+)  # fmt: skip
+def test_a_control_map_sets_the_output_size_when_nothing_else_does(size, expected):
+    """(height, width) of a map -> (width, height) out: its aspect at about 1 MP in multiples of 16, a small
+    map enlarged at most 4x (80 x 112 -> 320 x 448), a large one scaled down."""
+    from flux2_core.steering.control_image import control_output_size
+
+    assert control_output_size(torch.zeros(1, 3, *size)) == expected

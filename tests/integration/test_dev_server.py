@@ -120,7 +120,8 @@ def _controlled(
 
 def test_the_fun_controlnet_steers_dev_and_strength_zero_is_the_plain_image(comfy):
     """The control map (another size than the output: resized) changes the image; strength 0 draws the
-    plain dev image pixel for pixel; with LoadImage's mask and the image it runs the inpaint mode."""
+    plain dev image pixel for pixel; with LoadImage's mask and the image it runs the inpaint mode; with
+    width and height 0 and no reference the map sets the size."""
     (plain,) = comfy.images(comfy.run(small_dev(comfy), timeout=300)).values()
     (off,) = comfy.images(comfy.run(_controlled(comfy, 0.0), timeout=300)).values()
     (steered,) = comfy.images(comfy.run(_controlled(comfy, 0.75), timeout=300)).values()
@@ -130,6 +131,11 @@ def test_the_fun_controlnet_steers_dev_and_strength_zero_is_the_plain_image(comf
     wf = _controlled(comfy, 0.75, mask=["91", 1], image=["91", 0])
     (inpainted,) = comfy.images(comfy.run(wf, timeout=300)).values()
     assert np.asarray(inpainted).shape == c.shape
+    wf = _controlled(comfy, 0.75)  # width and height 0, no reference: the 112 x 80 map's aspect, 4x
+    (sampler,) = comfy.kc.nodes_of_type(wf, comfy.kc.SAMPLER)
+    wf[sampler]["inputs"].update(width=0, height=0, steps=1)
+    (sized,) = comfy.images(comfy.run(wf, timeout=300)).values()
+    assert sized.size == (448, 320)
 
 
 def test_the_control_net_on_an_fp8_base_from_an_fp8_file_and_streamed(comfy):
