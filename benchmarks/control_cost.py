@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import klein_shapes  # noqa: F401  (puts the repository and tests/ on the path)
+import klein_shapes  # (also puts the repository and tests/ on the path)
 import torch
 from live_tensors import peak_tensor_bytes
 
@@ -72,11 +71,6 @@ def measure(call, device: torch.device) -> int:
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
     return peak_tensor_bytes(call)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main() -> None:
@@ -135,19 +129,9 @@ def main() -> None:
         "plain": lambda: net(x, x_ids, t, ctx, c_ids, guidance=guidance),
         "controlled": lambda: net(x, x_ids, t, ctx, c_ids, guidance=guidance, control=steer),
     }
-    times = {name: [] for name in calls}
     with torch.inference_mode():
-        for call in calls.values():
-            call()
-        for _ in range(args.repeats):
-            for name, call in calls.items():
-                sync(device)
-                begin = time.perf_counter()
-                call()
-                sync(device)
-                times[name].append(time.perf_counter() - begin)
+        median, times = klein_shapes.in_turn(calls, args.repeats, device)
         peaks = {name: measure(call, device) for name, call in calls.items()}
-    median = {name: statistics.median(v) for name, v in times.items()}
     held = {"plain": weights["dit"], "controlled": weights["dit"] + weights["control net"]}
     print(
         f"{device} {args.dtype}, {config.hidden_size} wide, {config.depth}+{config.depth_single_blocks} "

@@ -48,3 +48,27 @@ def our_dit(args, dtype, device):
 
     reference = klein_shaped_dit(args.heads, args.depth, args.single)
     return load_checkpoint(DIT_SPEC, Checkpoint(Path("bench"), reference.state_dict()), dtype, device).module
+
+
+def in_turn(calls: dict, repeats: int, device: torch.device) -> tuple[dict, dict]:
+    """Each zero-argument call once to warm up, then ``repeats`` rounds, one call of each in turn (so a
+    machine's drift hits them alike), waiting for the device around each. Returns ({name: median seconds},
+    {name: [seconds]})."""
+    import statistics
+    import time
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    times = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    for _ in range(repeats):
+        for name, call in calls.items():
+            sync()
+            begin = time.perf_counter()
+            call()
+            sync()
+            times[name].append(time.perf_counter() - begin)
+    return {name: statistics.median(v) for name, v in times.items()}, times

@@ -13,9 +13,6 @@ Per-block costs are what grow, so a few blocks at the real widths give the ratio
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import klein_shapes
 import torch
 from live_tensors import peak_tensor_bytes
@@ -48,17 +45,9 @@ def main() -> None:
             x, x_ids, t, context.to(device, dtype), text_ids(context.shape[1]), attn_mask=mask
         ),
     }
-    times = {name: [] for name in calls}
     with torch.inference_mode():
-        for call in calls.values():
-            call()
-        for _ in range(args.repeats):
-            for name, call in calls.items():
-                start = time.perf_counter()
-                call()
-                times[name].append(time.perf_counter() - start)
+        median, _ = klein_shapes.in_turn(calls, args.repeats, device)
         peaks = {name: peak_tensor_bytes(call) for name, call in calls.items()}
-    median = {name: statistics.median(v) for name, v in times.items()}
     print(
         f"{device} {args.dtype}, {net.config.hidden_size} wide, {net.config.depth}+"
         f"{net.config.depth_single_blocks} blocks, {args.size}x{args.size} ({grid * grid} image tokens), "
