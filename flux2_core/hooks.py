@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
+import torch
 from torch import nn
 
 _MOVER = "_flux2_weight_mover"
@@ -71,3 +72,25 @@ def copies_released(transformer: nn.Module) -> Iterator[None]:
         mover = weight_mover(transformer)
         if mover is not None:
             mover.release()
+
+
+def moved(value, device: torch.device):
+    """``value`` (a tensor, or tuples / lists / dicts of them) on ``device``; what is there stays."""
+    if isinstance(value, torch.Tensor):
+        if value.device == device:
+            return value
+        return value.to(device, non_blocking=asynchronous(value.device, device))
+    if isinstance(value, tuple):
+        return tuple(moved(v, device) for v in value)
+    if isinstance(value, list):
+        return [moved(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: moved(v, device) for k, v in value.items()}
+    return value
+
+
+def asynchronous(source: torch.device, target: torch.device) -> bool:
+    """Whether a copy between two devices may be issued without waiting: only GPU to GPU, where the copy is
+    ordered on the streams like any kernel. A copy to the CPU must be finished before the CPU reads it (a
+    non-blocking one returns at once, and the block on the CPU would read a half-written tensor)."""
+    return source.type == "cuda" and target.type == "cuda"

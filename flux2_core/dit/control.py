@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..devices.placement import moved
 from ..errors import Flux2Error
+from ..hooks import moved
 from ..ops import Linear
 from ..weights.keymaps import DIT, KeyMap
 from ..weights.loading import load_component

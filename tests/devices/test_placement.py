@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny_dit import make_diffusers_dit, write_bfl_file
 
-from flux2_core import load_transformer
+from flux2_core import hooks, load_transformer
 from flux2_core.devices import placement as placement_module
 from flux2_core.devices.placement import parse_devices, place_blocks, plan_split, remove_placement
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
@@ -117,9 +117,9 @@ def test_moves_between_split_devices_wait_unless_both_ends_are_gpus():
     """A block on the CPU must not read an input whose GPU -> CPU copy is still in flight: only GPU -> GPU
     copies are issued without waiting (ordered on the streams)."""
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert placement_module.asynchronous(cuda, torch.device("cuda", 1))
+    assert hooks.asynchronous(cuda, torch.device("cuda", 1))
     for source, target in ((cuda, cpu), (cpu, cuda), (cpu, cpu)):
-        assert not placement_module.asynchronous(source, target), (source, target)
+        assert not hooks.asynchronous(source, target), (source, target)
 
     seen = []
 
@@ -131,5 +131,5 @@ def test_moves_between_split_devices_wait_unless_both_ends_are_gpus():
             return super().__torch_function__(func, types, args, kwargs or {})
 
     x = torch.ones(3).as_subclass(Recording)
-    moved = placement_module.moved({"x": (x, [x])}, torch.device("meta"))
+    moved = hooks.moved({"x": (x, [x])}, torch.device("meta"))
     assert moved["x"][0].device.type == "meta" and seen == [False, False]
