@@ -25,10 +25,9 @@ from tqdm import tqdm
 
 from ..configs import FLUX2, Flux2Config, Variant, describe
 from ..devices.streaming import BLOCKS_IN_FLIGHT, disable_streaming, enable_streaming
-from ..dit.control import CONTROL_SPEC, check_configs, hint_bytes, load_controlnet
 from ..dit.files import DIT_SPEC, transformer_variant
 from ..dit.step_cache import check_threshold
-from ..dit.transformer import CONTROL_AND_PARALLEL, REGIONS_AND_REFERENCES, Flux2Model, compile_blocks
+from ..dit.transformer import REGIONS_AND_REFERENCES, Flux2Model, compile_blocks
 from ..errors import Flux2Error
 from ..limits import MAX_FILL_GUIDANCE, MAX_GUIDANCE, check_request, check_seed
 from ..lora import prepare_lora
@@ -44,16 +43,14 @@ from ..sampling import (
     sampling_memory,
 )
 from ..steering.control_image import (
-    MAX_CONTROL_STRENGTH,
-    AppliedControl,
     control_context,
-    control_output_size,
 )
 from ..steering.regions import Region, RegionalPrompt, regional_cost
 from ..text.encoder import load_text_encoder, text_encoder_spec_for
 from ..vae.autoencoder import load_vae
 from ..vae.tiling import check_tiling
 from ..weights.loading import weight_bytes
+from . import control as control_flags
 from . import inputs
 from .edit import Edit, composite_pixels, encode_edit, prepare_edit
 from .fill import check_fill_args
@@ -144,7 +141,7 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     regions = inputs.read_regions(args.region)
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
-    control = _control_inputs(args, ranks)
+    control = control_flags.read_inputs(args, ranks)
     # the control's inpaint mode alone: --image is the picture the control net inpaints, not a start
     only_control = args.control_mask and args.mask is None and args.outpaint is None and args.strength is None
     edit = prepare_edit(
@@ -161,36 +158,6 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
         args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles, strengths, regions,
         control,
     )  # fmt: skip
-
-
-def _control_inputs(args: argparse.Namespace, ranks: Ranks) -> tuple | None:
-    """--controlnet, --control, --control-strength and --control-mask, checked and read."""
-    given = args.control or args.control_mask
-    if args.controlnet is None:
-        if given:
-            raise Flux2Error(
-                "--control and --control-mask go with a control net: give it with --controlnet FILE"
-            )
-        return None
-    if not given:
-        raise Flux2Error(
-            "--controlnet needs a control map (--control IMAGE) or its inpaint mask (--control-mask)"
-        )
-    if args.control_mask and args.image is None:
-        raise Flux2Error("--control-mask inpaints a picture: give it with --image")
-    if not 0.0 <= args.control_strength <= MAX_CONTROL_STRENGTH:
-        raise Flux2Error(
-            f"--control-strength {args.control_strength} is not allowed: use 0 (no control) to "
-            f"{MAX_CONTROL_STRENGTH:g} (0.65-0.80 recommended)"
-        )
-    if ranks.is_parallel:
-        raise Flux2Error(CONTROL_AND_PARALLEL)
-
-    def pixels(path):
-        return None if path is None else inputs.as_tensor(inputs.open_image(path)).permute(2, 0, 1)[None]
-
-    mask = None if args.control_mask is None else inputs.open_mask(args.control_mask, None)
-    return pixels(args.control), mask, pixels(args.image) if args.control_mask else None
 
 
 def _one_text_encoder(args: argparse.Namespace) -> argparse.Namespace:
@@ -212,10 +179,7 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     if edit is not None:  # the size sampled is the edit's (--width/--height may only repeat the output's)
         width, height = edit.size
     else:
-        first = request.sizes[0] if request.sizes else None
-        if first is None and request.control is not None:  # no reference: the control map's shape
-            shown = request.control[0] if request.control[0] is not None else request.control[2]
-            first = control_output_size(shown) if shown is not None else None
+        first = request.sizes[0] if request.sizes else control_flags.output_size_of(request.control)
         width, height = output_size(args.width, args.height, first)
     config, dit_bytes, checkpoint = weight_bytes(DIT_SPEC, args.model, dtype)
     variant = transformer_variant(checkpoint, config, args.variant)
@@ -245,23 +209,13 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     if args.offload == "stream":  # what stays on the device, plus the blocks in flight; all of it in RAM
         in_flight = BLOCKS_IN_FLIGHT * dit_bytes // max(config.depth + config.depth_single_blocks, 1)
         in_ram, dit_bytes = dit_bytes, min(dit_bytes, args.resident_mb * 2**20 + in_flight)
-    if args.controlnet is not None:  # the control net beside the DiT (streamed with it), and its hints
-        control, control_bytes, _ = weight_bytes(CONTROL_SPEC, args.controlnet, dtype)
-        check_configs(control, config, f"--controlnet {Path(args.controlnet).name}")
-        tokens = settings.grid[0] * settings.grid[1] + num_ref_tokens
-        activations += hint_bytes(control, settings.batch_size, tokens, dtype)
-        on_device = control_bytes
-        if args.offload == "stream":  # its small parts and three blocks in flight
-            on_device = min(control_bytes, BLOCKS_IN_FLIGHT * control_bytes // control.blocks)
-            in_ram = (in_ram or 0) + control_bytes
-        dit_bytes += on_device
-        what_control = f", under {Path(args.controlnet).name}"
-    else:
-        what_control = ""
-    what = (
-        f"{width}x{height} with {len(request.images)} reference(s) ({num_ref_tokens} reference tokens)"
-        + what_control
-    )
+    control_bytes, control_ram, hints = control_flags.memory(args, config, settings, num_ref_tokens, dtype)
+    if args.controlnet is not None:  # beside the DiT (streamed with it)
+        dit_bytes, activations = dit_bytes + control_bytes, activations + hints
+        in_ram = None if in_ram is None else in_ram + control_ram
+    what = f"{width}x{height} with {len(request.images)} reference(s) ({num_ref_tokens} reference tokens)"
+    if args.controlnet is not None:
+        what += f", under {Path(args.controlnet).name}"
     inputs.check_memory(
         request.device, dit_bytes, te_bytes, activations, what, ranks.on_this_host, ranks.mode, in_ram
     )
@@ -348,13 +302,7 @@ def sample_prompts(request, plan, model, conditioning, references, start, mask, 
         kv_cache = encode_reference_kv(model, references)  # once, for every prompt
     control = None
     if request.control is not None:
-        keep = request.device.type != "mps"
-        if args.offload == "stream":  # its blocks stay in RAM and are copied in as they run, as the DiT's
-            net = load_controlnet(args.controlnet, request.dtype, "cpu", keep, args.quant_compute)
-            enable_streaming(net, request.device)
-        else:
-            net = load_controlnet(args.controlnet, request.dtype, request.device, keep, args.quant_compute)
-        control = AppliedControl(net, request.context, args.control_strength)
+        control = control_flags.load(args, request.context, request.device, request.dtype)
     results = []
     for k in range(max(prompts, 1)):  # regions without a global prompt: one run
         positive = conditioning[k : k + 1] if prompts else conditioning[:1, :0]
@@ -382,8 +330,7 @@ def sample_prompts(request, plan, model, conditioning, references, start, mask, 
             results.append(sample(run))
     if args.offload == "stream":
         disable_streaming(model.transformer)  # back on the CPU, as loaded
-        if control is not None:
-            disable_streaming(control.net)
+        control_flags.release(control)
     model.transformer.to("cpu")
     del control  # the control net is read for this run only
     inputs.release(request.device)
