@@ -42,7 +42,17 @@ def editor(comfy):
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         page = browser.new_page()
         page.goto(comfy.url)
-        page.wait_for_function("() => window.app && window.app.graph && window.LiteGraph", timeout=120_000)
+        # the app object exists before the node definitions arrive from /object_info: wait for ours too
+        ready = ("() => window.app && window.app.graph && window.LiteGraph && "
+                 "'Flux2KleinSampler' in window.LiteGraph.registered_node_types")  # fmt: skip
+        page.wait_for_function(ready, timeout=120_000)
+        # the editor's own start-up (its default graph) can still replace the first graph loaded: open one
+        # until it stays, before the checks
+        first = json.loads(EDITOR_WORKFLOWS[0].read_text(encoding="utf-8"))
+        for _ in range(20):
+            if page.evaluate(OPEN, first):
+                break
+            page.wait_for_timeout(500)
         yield page
         browser.close()
 
