@@ -83,6 +83,12 @@ class Flux2KleinToNativeConditioning(io.ComfyNode):
 
     @classmethod
     def execute(cls, conditioning: types.KleinConditioning, references=None) -> io.NodeOutput:
+        if conditioning.control is not None:  # refused, never dropped: native samplers cannot run it
+            raise Flux2Error(
+                "the Fun ControlNet is run by the FLUX.2 Sampler only, not by native sampling nodes: connect "
+                "FLUX.2 [dev] Apply ControlNet to the FLUX.2 Sampler's positive input, or take it out of "
+                "this native graph"
+            )
         return io.NodeOutput(conditioning.to_native(references))
 
 

@@ -97,3 +97,6 @@ def test_bad_control_inputs_are_refused_with_the_fix(nodes, dev, loaded, vae, co
     klein = dict(model=loaded["model"], positive=_apply(nodes, {"positive": loaded["positive"]}, vae, net))
     with pytest.raises(Flux2Error, match="only steers FLUX.2 \\[dev\\].*RefControl"):
         _sample(nodes, dev, klein["positive"], model=klein["model"], guidance=1.0)
+    # into a native graph: refused by name, never silently dropped
+    with pytest.raises(Flux2Error, match="run by the FLUX.2 Sampler only, not by native sampling nodes"):
+        nodes["Flux2KleinToNativeConditioning"].execute(steered)
