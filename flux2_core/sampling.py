@@ -127,12 +127,13 @@ def estimate_memory(
             counts, settings.grid, model.config.hidden_size, dtype.itemsize, settings.batch_size
         )
     activations = sampling_memory(model.config, model.variant, dtype, settings, num_ref, text)
+    hints = 0
     if control is not None:
         rows, cols = settings.grid
-        mask += hint_bytes(control.config, settings.batch_size, rows * cols + num_ref, dtype)
+        hints = hint_bytes(control.config, settings.batch_size, rows * cols + num_ref, dtype)
         control_streamer = streamer_of(control)
         streamed += control_streamer.working_bytes if control_streamer is not None else 0
-    return activations + mask + streamed
+    return activations + mask + hints + streamed
 
 
 def sampling_memory(

@@ -175,10 +175,7 @@ class Flux2KleinSampler(io.ComfyNode):
         step_cache: float = 0.0,
     ) -> io.NodeOutput:
         pending = positive.control
-        shown = (
-            None if pending is None else (pending.control if pending.control is not None else pending.image)
-        )
-        by_control = control_output_size(shown) if shown is not None else None
+        by_control = None if pending is None else control_output_size(pending.control, pending.image)
         width, height, batch_size = convert.output_size(
             width, height, batch_size, references, latent, by_control
         )
@@ -212,10 +209,8 @@ class Flux2KleinSampler(io.ComfyNode):
         )
         net = control.net if control is not None else None
         required = estimate_memory(model.core, settings, references, positive.regions, net)
-        extra = [positive.control.control_net.patcher] if control is not None else []
-        host.load_all(
-            [*model.patchers, *extra], required
-        )  # every device of a block split: each needs the activations
+        patchers = [*model.patchers, *([pending.control_net.patcher] if control is not None else [])]
+        host.load_all(patchers, required)  # every device of a block split: each needs the activations
         tokens = references.num_tokens if references is not None else 0
         what = f"sampling {width}x{height}" + (
             f" with {len(references)} references ({tokens} tokens)" if tokens else ""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..devices.streaming import BLOCKS_IN_FLIGHT, disable_streaming, enable_streaming
+from ..devices.streaming import disable_streaming, enable_streaming, streamed_device_bytes
 from ..dit.control import CONTROL_SPEC, check_configs, hint_bytes, load_controlnet
 from ..dit.transformer import CONTROL_AND_PARALLEL
 from ..errors import Flux2Error
@@ -53,25 +53,20 @@ def read_inputs(args: argparse.Namespace, ranks: Ranks) -> ControlInputs | None:
 
 def output_size_of(control: ControlInputs | None) -> tuple[int, int] | None:
     """The size the control map (else the picture it inpaints) gives a run that no reference sizes."""
-    if control is None:
-        return None
-    shown = control[0] if control[0] is not None else control[2]
-    return control_output_size(shown) if shown is not None else None
+    return None if control is None else control_output_size(control[0], control[2])
 
 
 def memory(args: argparse.Namespace, config, settings, ref_tokens: int, dtype) -> tuple[int, int, int]:
-    """(device bytes, RAM bytes, activation bytes) the control net adds to the memory check: its weights on
+    """(device bytes, RAM bytes, activation bytes) the --controlnet adds to the memory check: its weights on
     the device, or with --offload stream in RAM and its blocks in flight on the device; its hints. Its width
     and depth are checked against the DiT's from the headers."""
-    if args.controlnet is None:
-        return 0, 0, 0
     control, weights, _ = weight_bytes(CONTROL_SPEC, args.controlnet, dtype)
     check_configs(control, config, f"--controlnet {Path(args.controlnet).name}")
     tokens = settings.grid[0] * settings.grid[1] + ref_tokens
     hints = hint_bytes(control, settings.batch_size, tokens, dtype)
     if args.offload != "stream":
         return weights, 0, hints
-    return min(weights, BLOCKS_IN_FLIGHT * weights // control.blocks), weights, hints
+    return streamed_device_bytes(weights, control.blocks), weights, hints
 
 
 def load(args: argparse.Namespace, context: torch.Tensor, device, dtype) -> AppliedControl:

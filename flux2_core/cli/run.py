@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from ..configs import FLUX2, Flux2Config, Variant, describe
-from ..devices.streaming import BLOCKS_IN_FLIGHT, disable_streaming, enable_streaming
+from ..devices.streaming import disable_streaming, enable_streaming, streamed_device_bytes
 from ..dit.files import DIT_SPEC, transformer_variant
 from ..dit.step_cache import check_threshold
 from ..dit.transformer import REGIONS_AND_REFERENCES, Flux2Model, compile_blocks
@@ -42,9 +42,7 @@ from ..sampling import (
     sample,
     sampling_memory,
 )
-from ..steering.control_image import (
-    control_context,
-)
+from ..steering.control_image import control_context
 from ..steering.regions import Region, RegionalPrompt, regional_cost
 from ..text.encoder import load_text_encoder, text_encoder_spec_for
 from ..vae.autoencoder import load_vae
@@ -78,9 +76,7 @@ class Request:
     tiles: dict  # the VAE's tile_size and tile_overlap
     strengths: tuple = ()  # ReferenceStrength of each reference image (empty: every one plain)
     regions: list = field(default_factory=list)  # (prompt, mask [H, W]) of each --region
-    control: tuple | None = (
-        None  # --controlnet: (map [1, 3, H, W] or None, mask [H, W] or None, image or None)
-    )
+    control: tuple | None = None  # --controlnet: cli.control.ControlInputs (map, mask, picture)
     context: torch.Tensor | None = None  # its control context at the output size, once the VAE has run
 
 
@@ -207,14 +203,15 @@ def plan(request: Request, ranks: Ranks) -> Plan:
         activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens, text) + mask
     in_ram = None
     if args.offload == "stream":  # what stays on the device, plus the blocks in flight; all of it in RAM
-        in_flight = BLOCKS_IN_FLIGHT * dit_bytes // max(config.depth + config.depth_single_blocks, 1)
-        in_ram, dit_bytes = dit_bytes, min(dit_bytes, args.resident_mb * 2**20 + in_flight)
-    control_bytes, control_ram, hints = control_flags.memory(args, config, settings, num_ref_tokens, dtype)
+        blocks = config.depth + config.depth_single_blocks
+        in_ram, dit_bytes = dit_bytes, streamed_device_bytes(dit_bytes, blocks, args.resident_mb * 2**20)
+    what = f"{width}x{height} with {len(request.images)} reference(s) ({num_ref_tokens} reference tokens)"
     if args.controlnet is not None:  # beside the DiT (streamed with it)
+        control_bytes, control_ram, hints = control_flags.memory(
+            args, config, settings, num_ref_tokens, dtype
+        )
         dit_bytes, activations = dit_bytes + control_bytes, activations + hints
         in_ram = None if in_ram is None else in_ram + control_ram
-    what = f"{width}x{height} with {len(request.images)} reference(s) ({num_ref_tokens} reference tokens)"
-    if args.controlnet is not None:
         what += f", under {Path(args.controlnet).name}"
     inputs.check_memory(
         request.device, dit_bytes, te_bytes, activations, what, ranks.on_this_host, ranks.mode, in_ram

@@ -291,6 +291,13 @@ class BlockStreamer:
             self.arena.unpin()
 
 
+def streamed_device_bytes(total: int, blocks: int, resident: int = 0) -> int:
+    """From the file's numbers alone, the most a streamed model of ``total`` weight bytes in ``blocks``
+    blocks holds on the device: ``resident`` bytes kept there, plus the blocks in flight."""
+    in_flight = BLOCKS_IN_FLIGHT * total // max(blocks, 1)
+    return min(total, resident + in_flight)
+
+
 def enable_streaming(
     transformer: nn.Module,
     device: torch.device | str,

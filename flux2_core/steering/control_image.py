@@ -71,11 +71,17 @@ class AppliedControl:
         return Control(self.net, self.context.to(device, dtype), self.strength)
 
 
-def control_output_size(pixels: torch.Tensor) -> tuple[int, int]:
-    """(width, height) a control map [B, 3, H, W] gives the output when nothing else sets it (no reference,
-    no latent, a side left at 0): its aspect ratio at about one megapixel (FLUX.2's default size), in
-    multiples of 16, a small map enlarged up to 4x."""
-    height, width = pixels.shape[-2:]
+def control_output_size(
+    control: torch.Tensor | None, image: torch.Tensor | None = None
+) -> tuple[int, int] | None:
+    """(width, height) a control map [B, 3, H, W] (else, in the inpaint mode alone, the picture to inpaint)
+    gives the output when nothing else sets it (no reference, no latent, a side left at 0): its aspect ratio
+    at about one megapixel (FLUX.2's default size), in multiples of 16, a small map enlarged up to 4x. None
+    without either."""
+    shown = control if control is not None else image
+    if shown is None:
+        return None
+    height, width = shown.shape[-2:]
     return sample_size(width, height, FLUX2.default_size**2, enlarge=True)
 
 

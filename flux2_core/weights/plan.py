@@ -196,20 +196,22 @@ def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> LoadPlan:
             raise Flux2Error(
                 f"{checkpoint.name}: {key} is missing some of its parts (e.g. q/k/v); the file is incomplete"
             )
+    # the quantised parts of a fused weight (diffusers' q / k / v, each with its own scale): dequantised and
+    # joined at load, so they count with their logical shapes
+    fused = {file_key for parts in pieces.values() if len(parts) > 1 for file_key, _ in parts}
+    parts_quantized = {q.keys["weight"]: q for q in found.values() if q.keys["weight"] in fused}
     shapes = {
-        key: _joined_shape(parts, checkpoint.tensors, key, checkpoint.name) for key, parts in pieces.items()
+        key: _joined_shape(parts, checkpoint.tensors, key, checkpoint.name, parts_quantized)
+        for key, parts in pieces.items()
     }
     quantized = {}
     ours = {
         parts[0][0]: key for key, parts in pieces.items() if len(parts) == 1 and parts[0][1] == Placement(key)
     }
-    fused = {file_key for parts in pieces.values() if len(parts) > 1 for file_key, _ in parts}
-    parts_quantized = {}
     for q in found.values():
-        key = ours.get(q.keys["weight"])
-        if q.keys["weight"] in fused:
-            parts_quantized[q.keys["weight"]] = q
+        if q.keys["weight"] in parts_quantized:
             continue
+        key = ours.get(q.keys["weight"])
         if key is None or not key.endswith(".weight"):
             raise Flux2Error(
                 f"{checkpoint.name}: the quantised tensor {q.keys['weight']} has no place in the "
@@ -217,26 +219,18 @@ def plan_checkpoint(spec: ComponentSpec, checkpoint: Checkpoint) -> LoadPlan:
             )
         shapes[key] = q.shape  # the logical shape (a packed nvfp4 row holds two values per byte)
         quantized[key.removesuffix(".weight")] = q
-    for key, parts in pieces.items():  # quantised parts: their logical shapes joined
-        if any(file_key in parts_quantized for file_key, _ in parts):
-            shapes[key] = (sum(_part_rows(parts_quantized, checkpoint.tensors, k) for k, _ in parts),
-                           *_part_shape(parts_quantized, checkpoint.tensors, parts[0][0])[1:])  # fmt: skip
-    return LoadPlan(checkpoint.name, pieces, shapes, quantized, checkpoint.tensors, {}, parts_quantized)
+    return LoadPlan(
+        checkpoint.name, pieces, shapes, quantized, checkpoint.tensors, quantized_parts=parts_quantized
+    )
 
 
-def _part_shape(quantized: dict, tensors, file_key: str) -> tuple[int, ...]:
-    q = quantized.get(file_key)
-    return tuple(q.shape) if q is not None else tensor_shape(tensors, file_key)
-
-
-def _part_rows(quantized: dict, tensors, file_key: str) -> int:
-    return _part_shape(quantized, tensors, file_key)[0]
-
-
-def _joined_shape(parts, tensors, key: str, name: str) -> tuple[int, ...]:
+def _joined_shape(parts, tensors, key: str, name: str, quantized: Mapping | None = None) -> tuple[int, ...]:
+    """The shape of our ``key`` from its parts; a part in ``quantized`` counts with its logical shape (a
+    packed nvfp4 row holds two values per byte)."""
     shapes = []
     for file_key, placement in parts:
-        shape = tensor_shape(tensors, file_key)
+        q = (quantized or {}).get(file_key)
+        shape = tuple(q.shape) if q is not None else tensor_shape(tensors, file_key)
         if placement.take is not None:
             shape = (placement.take.rows(shape[0])[1], *shape[1:])
         shapes.append(shape)
