@@ -142,7 +142,7 @@ def from_native(conditioning) -> types.KleinConditioning:
         )
     width = embeds.shape[-1]
     name = TEXT_ENCODER_FOR_CONTEXT.get(width, f"a {width // 3}-wide text encoder (native)")
-    regions = options.get(types.REGIONAL_PROMPT)
+    regions = types.carried_regions(embeds, options)
     if regions is not None:  # ours, on its way back: the regions travel with it
         return types.KleinConditioning(regions.global_embeds, name, width, regions=regions)
     return types.KleinConditioning(embeds.to(host.intermediate_device(), torch.float32), name, width)

@@ -18,7 +18,7 @@ import comfy.supported_models
 import torch
 
 from ..flux2_core import Flux2Error
-from .types import REFERENCE_STRENGTHS, REGIONAL_PROMPT
+from .types import REFERENCE_STRENGTHS, REGIONAL_PROMPT, carried_regions
 
 NATIVE_KEY = "flux2_klein"
 WEIGHT_PATCHES_REFUSED = (
@@ -42,8 +42,12 @@ class Flux2KleinNativeModel(comfy.model_base.Flux2):
         strengths = kwargs.get(REFERENCE_STRENGTHS)
         if strengths:  # our references' strengths reach the diffusion model's call as a keyword
             out[REFERENCE_STRENGTHS] = comfy.conds.CONDConstant(tuple(strengths))
-        regions = kwargs.get(REGIONAL_PROMPT)
-        if regions is not None:  # and our regional prompt (the positive pass only: the negative has none)
+        # and our regional prompt, on the positive pass only (negative passes stay unmasked): an entry's
+        # options travel with it through native nodes, so a negative made from it may carry them too
+        regions = None
+        if kwargs.get("prompt_type") != "negative" and kwargs.get("cross_attn") is not None:
+            regions = carried_regions(kwargs["cross_attn"], kwargs)
+        if regions is not None:
             out[REGIONAL_PROMPT] = comfy.conds.CONDConstant(regions)
         return out
 

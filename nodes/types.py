@@ -34,6 +34,11 @@ REFERENCES = "FLUX2_KLEIN_REFERENCES"  # payload: flux2_core.references.Referenc
 REFERENCE_STRENGTHS = "flux2_klein_reference_strengths"
 # ... and our regional prompt (a RegionalPrompt), which our native model joins and masks at its latent size
 REGIONAL_PROMPT = "flux2_klein_regional_prompt"
+REGIONS_CHANGED = (
+    "the regional conditioning's text was changed by a native node after FLUX.2 to native CONDITIONING "
+    "(ConditioningAverage, ConditioningConcat, ...): the regions apply to the prompts they were made from. "
+    "Combine prompts before FLUX.2 Regional Prompt, or leave the regions out"
+)
 CONTROL_NET = "FLUX2_DEV_CONTROL_NET"  # payload: ControlNet
 STITCH = "FLUX2_KLEIN_STITCH"  # payload: flux2_core.editing.Stitch (what the composite needs)
 IMAGE = "IMAGE"  # core: [B, H, W, 3] float 0..1
@@ -118,6 +123,21 @@ class KleinConditioning:
             if not references.plain:
                 options[REFERENCE_STRENGTHS] = references.strengths
         return [[self.embeds, options]]
+
+
+def carried_regions(embeds: torch.Tensor, options: dict) -> RegionalPrompt | None:
+    """The regional prompt a native conditioning entry ``[embeds, options]`` still stands for, or None.
+
+    Native nodes copy an entry's options and change its embedding, so the regions can arrive with another
+    text than the global prompt they were made with: zeros from ``ConditioningZeroOut`` (a negative made from
+    the regional prompt, which runs unmasked, without the regions), or a mix of prompts, which is refused
+    rather than silently replaced by the regions' own."""
+    regions = options.get(REGIONAL_PROMPT)
+    if regions is None or embeds is regions.global_embeds:
+        return regions
+    if not bool(embeds.any()):
+        return None
+    raise Flux2Error(REGIONS_CHANGED)
 
 
 @dataclass

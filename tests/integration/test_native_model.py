@@ -65,9 +65,9 @@ def base_graph(model_name: str = DIT, variant: str = "distilled", loader: dict |
 
 
 def ours(g: Graph, ids: dict, name: str, model=None, batch: int = 1, **sampler) -> None:
-    settings = dict(seed=SEED, steps=STEPS, guidance=1.0, width=SIZE[0], height=SIZE[1], batch_size=batch)
-    latent = g.add("Flux2KleinSampler", model=[model or ids["model"], 0], positive=[ids["positive"], 0],
-                   **{**settings, **sampler})  # fmt: skip
+    settings = dict(positive=[ids["positive"], 0], seed=SEED, steps=STEPS, guidance=1.0, width=SIZE[0],
+                    height=SIZE[1], batch_size=batch)  # fmt: skip
+    latent = g.add("Flux2KleinSampler", model=[model or ids["model"], 0], **{**settings, **sampler})
     g.save(g.add("Flux2KleinDecode", vae=[ids["vae"], 0], latent=[latent, 0]), name)
 
 
@@ -402,8 +402,8 @@ def test_reference_strengths_reach_native_sampling_through_the_conditioning_brid
     assert np.abs(got["ours_early"] - got["ours_half"]).mean() > 1
 
 
-def test_regional_prompts_reach_native_sampling_through_the_conditioning_bridge(comfy):
-    g, ids = base_graph()
+def regional_chain(g: Graph, ids: dict) -> str:
+    """Two regions (the left and the right half) chained onto the global prompt."""
     te = [ids["te"], 0]
     canvas = g.add("SolidMask", value=0.0, width=SIZE[0], height=SIZE[1])
     half = g.add("SolidMask", value=1.0, width=SIZE[0] // 2, height=SIZE[1])
@@ -415,6 +415,12 @@ def test_regional_prompts_reach_native_sampling_through_the_conditioning_bridge(
         chain = g.add(
             "Flux2KleinRegionalPrompt", region=[encoded, 0], mask=[mask, 0], conditioning=[chain, 0]
         )
+    return chain
+
+
+def test_regional_prompts_reach_native_sampling_through_the_conditioning_bridge(comfy):
+    g, ids = base_graph()
+    chain = regional_chain(g, ids)
     latent = g.add("Flux2KleinSampler", model=[ids["model"], 0], positive=[chain, 0], seed=SEED, steps=STEPS,
                    guidance=1.0, width=SIZE[0], height=SIZE[1], batch_size=1)  # fmt: skip
     g.save(g.add("Flux2KleinDecode", vae=[ids["vae"], 0], latent=[latent, 0]), "ours_regional")
@@ -424,3 +430,22 @@ def test_regional_prompts_reach_native_sampling_through_the_conditioning_bridge(
     got = images(comfy, g)
     assert diff(got["native_regional"], got["ours_regional"]) <= TOLERANCE
     assert np.abs(got["ours_regional"] - got["ours_plain"]).mean() > 1  # the regions change the picture
+
+
+def test_a_negative_zeroed_from_the_regional_conditioning_runs_unmasked_on_its_own_text(comfy):
+    # ConditioningZeroOut copies the entry's options, regions included: the negative pass must still be the
+    # zeroed text, unmasked (else it equals the positive one and CFG does nothing)
+    g, ids = base_graph("flux-2-klein-base-4b.safetensors", "base")
+    chain = regional_chain(g, ids)
+    bridged = g.add("Flux2KleinToNativeConditioning", conditioning=[chain, 0])
+    zeroed = g.add("ConditioningZeroOut", conditioning=[bridged, 0])
+    native(g, ids, "zeroed_regional", ids["native_model"], bridged, zeroed, 3.0)
+    plain_zero = g.add("ConditioningZeroOut", conditioning=[ids["native_positive"], 0])
+    native(g, ids, "zeroed_plain", ids["native_model"], bridged, plain_zero, 3.0)
+    negative = g.add("Flux2KleinFromNativeConditioning", conditioning=[plain_zero, 0])
+    ours(g, ids, "ours", positive=[chain, 0], negative=[negative, 0], guidance=3.0)
+    native(g, ids, "cfg_1", ids["native_model"], bridged, zeroed, 1.0)
+    got = images(comfy, g)
+    assert diff(got["zeroed_regional"], got["zeroed_plain"]) == 0
+    assert diff(got["zeroed_regional"], got["ours"]) <= TOLERANCE
+    assert np.abs(got["cfg_1"] - got["ours"]).mean() > 3  # the guidance reaches the image

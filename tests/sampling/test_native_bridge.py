@@ -106,3 +106,24 @@ def test_a_regional_prompt_survives_the_round_trip_through_native_conditioning(f
     refs = core.ReferenceLatents.from_latents([torch.zeros(1, 128, 2, 2)])
     with pytest.raises(core.Flux2Error, match="regional prompts and reference images cannot be combined"):
         ours.to_native(refs)
+
+
+def test_a_regional_conditioning_changed_by_native_nodes_is_not_replaced_by_its_regions(fake_pack):
+    # native nodes copy an entry's options and change its text: ConditioningZeroOut's zeros (a negative made
+    # from the regional prompt) run without the regions; any other text is refused, never overridden
+    types, core = fake_pack.nodes.types, fake_pack.flux2_core
+    glob = torch.randn(1, 512, 96)
+    regions = core.RegionalPrompt(glob, (core.Region(torch.randn(1, 512, 96), torch.ones(8, 8)),))
+    options = types.KleinConditioning(glob, "Qwen3-4B", 96, regions=regions).to_native()[0][1]
+    assert types.carried_regions(glob, options) is regions
+    assert types.carried_regions(torch.zeros_like(glob), dict(options)) is None
+    back = fake_pack.nodes.native.from_native([[torch.zeros_like(glob), dict(options)]])
+    assert back.regions is None and not back.embeds.any()
+    with pytest.raises(core.Flux2Error, match="changed by a native node"):
+        types.carried_regions(glob.clone() * 0.5, dict(options))
+    with pytest.raises(core.Flux2Error, match="changed by a native node"):
+        fake_pack.nodes.native.from_native([[glob + 1, dict(options)]])
+    no_global = core.RegionalPrompt(glob.new_zeros(1, 0, 96), regions.regions)
+    empty = types.KleinConditioning(no_global.global_embeds, "Qwen3-4B", 96, regions=no_global).to_native()
+    assert types.carried_regions(empty[0][0], empty[0][1]) is no_global
+    assert types.carried_regions(torch.zeros_like(empty[0][0]), empty[0][1]) is None
