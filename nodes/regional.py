@@ -78,6 +78,12 @@ def add_region(
             f"the region's prompt was encoded by {region.encoder_name}, the conditioning so far by "
             f"{conditioning.encoder_name}: encode every prompt with the same text encoder"
         )
+    controls = {id(c): c for c in (region.control, conditioning and conditioning.control) if c is not None}
+    if len(controls) > 1:
+        raise Flux2Error(
+            "the region and the conditioning so far each carry a FLUX.2 [dev] ControlNet: apply the "
+            "ControlNet once, to the last Regional Prompt's conditioning"
+        )
     added = Region(region.embeds, mask.reshape(mask.shape[-2:]).float().cpu(), strength)
     if conditioning is None:
         chain = RegionalPrompt(region.embeds.new_zeros(1, 0, region.width), (added,))
@@ -85,4 +91,7 @@ def add_region(
         chain = RegionalPrompt(conditioning.embeds, (added,))
     else:
         chain = conditioning.regions.add(added)
-    return types.KleinConditioning(chain.global_embeds, region.encoder_name, region.width, regions=chain)
+    control = next(iter(controls.values()), None)  # a pending ControlNet steers the whole picture: kept
+    return types.KleinConditioning(
+        chain.global_embeds, region.encoder_name, region.width, regions=chain, control=control
+    )

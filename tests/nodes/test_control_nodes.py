@@ -100,3 +100,22 @@ def test_bad_control_inputs_are_refused_with_the_fix(nodes, dev, loaded, vae, co
     # into a native graph: refused by name, never silently dropped
     with pytest.raises(Flux2Error, match="run by the FLUX.2 Sampler only, not by native sampling nodes"):
         nodes["Flux2KleinToNativeConditioning"].execute(steered)
+
+
+def test_regional_prompts_keep_the_control_in_either_order(nodes, dev, vae, control_file, Flux2Error):
+    """Apply ControlNet before or after the Regional Prompt: the same control steers the same image."""
+    (net,) = nodes["Flux2DevControlNetLoader"].execute(control_file)
+    regional = nodes["Flux2KleinRegionalPrompt"]
+    left = torch.zeros(1, 80, 64)
+    left[:, :, :32] = 1
+    steered = _apply(nodes, dev, vae, net)
+    (before,) = regional.execute(dev["positive"], left, conditioning=steered)
+    (as_region,) = regional.execute(steered, left, conditioning=dev["positive"])
+    assert before.control is steered.control and as_region.control is steered.control
+    (plain_regional,) = regional.execute(dev["positive"], left, conditioning=dev["positive"])
+    after = _apply(nodes, {"positive": plain_regional}, vae, net)
+    a, b = _sample(nodes, dev, before), _sample(nodes, dev, after)
+    assert torch.equal(a, b)
+    assert (a - _sample(nodes, dev, plain_regional)).abs().mean() > 1e-3  # the control reaches the image
+    with pytest.raises(Flux2Error, match="each carry a FLUX.2 .dev. ControlNet: apply the ControlNet once"):
+        regional.execute(_apply(nodes, dev, vae, net), left, conditioning=steered)
