@@ -34,6 +34,7 @@ from .lora import DIT, patched
 from .references import ReferenceLatents
 from .sampling_checks import activation_bytes, check_batch, check_finite, check_strength
 from .steering.control_image import AppliedControl
+from .steering.reference_strength import check_steps_reached
 from .steering.regions import RegionalPrompt, regional_cost
 
 log = logging.getLogger(__name__)
@@ -229,8 +230,15 @@ class SampleRequest:
         for conditioning in self.conds:
             check_batch(conditioning, settings.batch_size, PROMPTS_FOR_BATCH)
         _check_editing(self.start, self.strength, self.mask, settings)
+        steps = settings.steps
+        run = range(steps - (len(truncate(list(range(steps + 1)), self.strength)) - 1), steps)
+        for k, s in enumerate(self.references.strengths if self.references is not None else ()):
+            if s.strength > 0:
+                check_steps_reached(f"reference {k + 1}", s.start, s.end, run, steps)
         if self.control is not None:
             self.control.check(model.transformer, settings.grid)
+            if self.control.strength:
+                check_steps_reached("the control", self.control.start, self.control.end, run, steps)
         if self.regions is not None:
             if self.references is not None and len(self.references):
                 raise Flux2Error(REGIONS_AND_REFERENCES)

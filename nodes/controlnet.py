@@ -147,8 +147,11 @@ class Flux2DevApplyControlNet(io.ComfyNode):
     def execute(
         cls, conditioning, control_net, vae, control_image, strength, start, end, mask=None, image=None
     ) -> io.NodeOutput:
-        if start > end:
-            raise Flux2Error(f"control start {start} is after its end {end}: use start <= end")
+        if start >= end:
+            raise Flux2Error(
+                f"control start {start} is not before its end {end}: the control would steer no step; use "
+                "start < end"
+            )
         if (mask is None) != (image is None) and image is not None:
             raise Flux2Error("the inpaint mode needs a mask with its image: connect the mask too")
         pending = types.PendingControl(

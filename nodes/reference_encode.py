@@ -108,10 +108,10 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, start=None, end=None):
-        if start is not None and end is not None and start > end:  # linked values arrive as None
+        if start is not None and end is not None and start >= end:  # linked values arrive as None
             return (
-                f"start {start:g} is after end {end:g}: the references would count at no step; set start "
-                "<= end"
+                f"start {start:g} is not before end {end:g}: the references would count at no step; set "
+                "start < end"
             )
         return True
 

@@ -28,7 +28,7 @@ from ..editing import sample_size
 from ..errors import Flux2Error
 from ..flow import pack
 from ..vae.latent_format import patchify
-from .reference_strength import _number
+from .reference_strength import _number, in_step_range
 
 MAX_CONTROL_STRENGTH = 2.0  # the release recommends 0.65-0.80; above 1 the control map dominates
 
@@ -66,7 +66,7 @@ class AppliedControl:
 
     def at(self, step: int, steps: int, device, dtype) -> Control | None:
         """The control of step ``step`` of ``steps``, or None outside its range or at strength 0."""
-        if not self.strength or not (self.start * steps <= step < self.end * steps):
+        if not self.strength or not in_step_range(self.start, self.end, step, steps):
             return None
         return Control(self.net, self.context.to(device, dtype), self.strength)
 

@@ -67,10 +67,28 @@ class ReferenceStrength:
 
     def at(self, step: int, steps: int) -> float:
         """The strength at step ``step`` (0-based) of a schedule of ``steps``."""
-        return self.strength if self.start * steps <= step < self.end * steps else 0.0
+        return self.strength if in_step_range(self.start, self.end, step, steps) else 0.0
 
 
 PLAIN = ReferenceStrength()
+
+
+def in_step_range(start: float, end: float, step: int, steps: int) -> bool:
+    """Whether step ``step`` (0-based) of ``steps`` lies in the range: ``start <= step / steps < end``, as
+    written (``start * steps <= step`` rounds differently: 0.28 * 25 is 7.000000000000001)."""
+    return start <= step / steps < end
+
+
+def check_steps_reached(what: str, start: float, end: float, run: range, steps: int) -> None:
+    """Refuses a step range that holds none of the steps that run (``run``, of a schedule of ``steps``):
+    what it steers would count at no step, the run being the one without it."""
+    if not any(in_step_range(start, end, i, steps) for i in run):
+        skipped = f", the first {run.start} skipped by denoise" if run.start else ""
+        raise Flux2Error(
+            f"{what} counts at none of the {steps} steps{skipped}: step i counts when start <= i / {steps} < "
+            f"end, and start {start:g}, end {end:g} holds none of the steps that run (i / {steps} from "
+            f"{run.start / steps:g} to {(run.stop - 1) / steps:g}); widen the range or use more steps"
+        )
 
 
 def strengths_at(strengths, step: int, steps: int) -> list[float]:

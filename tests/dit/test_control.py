@@ -243,9 +243,9 @@ def test_control_context_equals_the_reference_pipelines(reference, mode):
 
 
 def test_sampling_under_control_and_its_step_range(own_files):
-    """``sample`` with the control: strength 0 (or an empty step range) is the plain run bit for bit, a
-    strength changes it, a range covering only the later steps changes it less; bad requests are refused
-    before anything runs."""
+    """``sample`` with the control: strength 0 is the plain run bit for bit, a strength changes it, a range
+    covering only the later steps changes it less; bad requests (an empty step range too) are refused before
+    anything runs."""
     from flux2_core import SampleRequest, SampleSettings, sample
     from flux2_core.steering.control_image import AppliedControl
 
@@ -261,7 +261,8 @@ def test_sampling_under_control_and_its_step_range(own_files):
 
     plain = run()
     assert torch.equal(run(strength=0.0), plain)
-    assert torch.equal(run(strength=0.8, start=0.5, end=0.5), plain)
+    with pytest.raises(Flux2Error, match="the control counts at none of the 4 steps"):
+        run(strength=0.8, start=0.5, end=0.5)  # an empty range would steer nothing: refused, with the fix
     full, late = run(strength=0.8), run(strength=0.8, start=0.5)
     assert (full - plain).abs().mean() > (late - plain).abs().mean() > 0
     with pytest.raises(Flux2Error, match="control strength 3"):

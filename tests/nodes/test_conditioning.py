@@ -42,7 +42,8 @@ def test_reference_strength_applies_to_the_references_the_node_adds(nodes, loade
     )
     assert first.plain and [s.strength for s in chained.strengths] == [1.0, 1.0, 0.5]
     assert chained.strengths[2].end == 0.5
-    assert encode.validate_inputs(start=0.75, end=0.25).startswith("start 0.75 is after end 0.25")
+    assert encode.validate_inputs(start=0.75, end=0.25).startswith("start 0.75 is not before end 0.25")
+    assert encode.validate_inputs(start=0.5, end=0.5).endswith("would count at no step; set start < end")
     assert encode.validate_inputs(start=0.0, end=1.0) is True
 
 

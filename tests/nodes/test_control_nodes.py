@@ -86,8 +86,9 @@ def test_width_and_height_zero_take_the_maps_aspect(nodes, dev, vae, control_fil
 def test_bad_control_inputs_are_refused_with_the_fix(nodes, dev, loaded, vae, control_file, Flux2Error):
     (net,) = nodes["Flux2DevControlNetLoader"].execute(control_file)
     apply = nodes["Flux2DevApplyControlNet"]
-    with pytest.raises(Flux2Error, match="control start 0.8 is after its end 0.2: use start <= end"):
-        apply.execute(dev["positive"], net, vae, image(64, 64), 0.75, 0.8, 0.2)
+    for start, end in ((0.8, 0.2), (0.5, 0.5)):
+        with pytest.raises(Flux2Error, match=f"control start {start} is not before its end {end}: .*< end"):
+            apply.execute(dev["positive"], net, vae, image(64, 64), 0.75, start, end)
     with pytest.raises(Flux2Error, match="needs a mask with its image: connect the mask too"):
         apply.execute(dev["positive"], net, vae, image(64, 64), 0.75, 0.0, 1.0, image=image(64, 64))
     steered = _apply(nodes, dev, vae, net)

@@ -224,12 +224,32 @@ def test_outside_its_step_range_a_reference_counts_as_zero(weights):
     assert seen == [[0.0, 2.0], [1.0, 2.0], [0.0, 1.0], [0.0, 1.0]]
 
 
-def test_an_empty_step_range_is_the_run_without_the_reference(weights):
-    settings, sizes = SampleSettings(64, 64, 4, 1.0, 22), [(64, 64)]
-    never = _references(weights, sizes, [ReferenceStrength(1.0, 0.5, 0.5)])
-    assert torch.equal(
-        _run(weights, "distilled", settings, never, False), _run(weights, "distilled", settings, None, False)
-    )
+def test_the_step_range_is_compared_as_written():
+    # start <= i / n < end, not start * n <= i < end * n: 0.28 * 25 is 7.000000000000001 in floats
+    assert ReferenceStrength(2.0, 0.28, 1.0).at(7, 25) == 2.0
+    assert ReferenceStrength(2.0, 0.0, 0.56).at(14, 25) == 0.0
+    assert ReferenceStrength(2.0, 0.0, 0.56).at(13, 25) == 2.0
+
+
+@pytest.mark.parametrize(
+    "strength, steps, denoise, message",
+    [
+        (ReferenceStrength(1.0, 0.5, 0.5), 4, 1.0, "reference 1 counts at none of the 4 steps: step i"),
+        (ReferenceStrength(2.0, 0.3, 0.45), 2, 1.0, "start 0.3, end 0.45 holds none of the steps that run"),
+        (ReferenceStrength(2.0, 0.0, 0.5), 4, 0.5, "none of the 4 steps, the first 2 skipped by denoise"),
+    ],
+)
+def test_a_step_range_that_holds_no_step_that_runs_is_refused(weights, strength, steps, denoise, message):
+    # the reference would count nowhere: the run would be the one without it, which is never what was asked
+    model = load_transformer(weights["dit_file"], variant="distilled")
+    refs = _references(weights, [(64, 64)], [strength])
+    start = torch.zeros(1, 128, 4, 4) if denoise < 1 else None
+    with pytest.raises(Flux2Error, match=message):
+        SampleRequest(model, _embeds(1), SampleSettings(64, 64, steps, 1.0, 22), references=refs, start=start,
+                      strength=denoise)  # fmt: skip
+    off = _references(weights, [(64, 64)], [replace(strength, strength=0.0)])  # at 0 it is meant to be off
+    SampleRequest(model, _embeds(1), SampleSettings(64, 64, steps, 1.0, 22), references=off, start=start,
+                  strength=denoise)  # fmt: skip
 
 
 # --- every path --------------------------------------------------------------------------------------------
