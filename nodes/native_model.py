@@ -33,6 +33,7 @@ from ..flux2_core import (
     REGIONS_AND_REFERENCES,
     Flux2Error,
     ReferenceLatents,
+    ReferenceStrength,
     SampleSettings,
     at_step,
     encode_reference_kv,
@@ -107,12 +108,14 @@ class NativeDiT(torch.nn.Module):
     def _at_step(model, ref_latents, strengths, timestep, transformer_options):
         """(the references, the bias of their keys) at this call's step of native's schedule: none at all when
         every strength is 0 there (``reference_strength``)."""
-        if len(strengths) != len(ref_latents):
+        if len(strengths) > len(ref_latents):
             raise Flux2Error(
                 f"the conditioning carries {len(ref_latents)} reference latents but {len(strengths)} "
-                "reference strengths: add the references through one FLUX.2 to native CONDITIONING node, "
-                "not also through ReferenceLatent"
+                "reference strengths: a native node removed references after FLUX.2 to native CONDITIONING; "
+                "add every reference before it"
             )
+        # native ReferenceLatent appends after ours: those count at 1, as everywhere in native graphs
+        strengths = tuple(strengths) + (ReferenceStrength(),) * (len(ref_latents) - len(strengths))
         schedule = transformer_options.get("sample_sigmas")
         schedule = [1.0, 0.0] if schedule is None else schedule.tolist()
         step = step_of(schedule, float(timestep.reshape(-1)[0]))

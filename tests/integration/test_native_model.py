@@ -449,3 +449,24 @@ def test_a_negative_zeroed_from_the_regional_conditioning_runs_unmasked_on_its_o
     assert diff(got["zeroed_regional"], got["zeroed_plain"]) == 0
     assert diff(got["zeroed_regional"], got["ours"]) <= TOLERANCE
     assert np.abs(got["cfg_1"] - got["ours"]).mean() > 3  # the guidance reaches the image
+
+
+def test_native_reference_latents_added_after_ours_count_at_one(comfy):
+    # a reference at 0.5 from our bridge, then one from native ReferenceLatent: our sampler's run of the same
+    # two, the second plain
+    g, ids = base_graph()
+    pictures = [comfy.upload((112, 80)), comfy.upload((64, 80))]
+    loads = [g.add("LoadImage", image=p) for p in pictures]
+    weak = g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0], image=[loads[0], 0], strength=0.5)
+    both = g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0], image=[loads[1], 0], references=[weak, 0])
+    ours(g, ids, "ours", references=[both, 0])
+    bridged = g.add("Flux2KleinToNativeConditioning", conditioning=[ids["positive"], 0], references=[weak, 0])
+    latent = g.add("Flux2KleinEncode", vae=[ids["vae"], 0], image=[loads[1], 0])
+    positive = g.add("ReferenceLatent", conditioning=[bridged, 0], latent=[latent, 0])
+    native(g, ids, "native", ids["native_model"], positive)
+    plain = g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0], image=[loads[0], 0])
+    ours(g, ids, "ours_plain", references=[g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0],
+                                                 image=[loads[1], 0], references=[plain, 0]), 0])  # fmt: skip
+    got = images(comfy, g)
+    assert diff(got["native"], got["ours"]) <= TOLERANCE
+    assert np.abs(got["ours"] - got["ours_plain"]).mean() > 1  # the first one's strength reaches the image
