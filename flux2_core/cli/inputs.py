@@ -14,10 +14,12 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from ..configs import FLUX2
 from ..errors import Flux2Error
 from ..limits import GB, check_fits
 from ..lora import read_lora
 from ..steering.reference_strength import ReferenceStrength
+from ..steering.regions import latent_region_mask
 from ..weights.hub import PAIRED_REPOS, MissingComponent, local_path, parse
 
 log = logging.getLogger("flux2_core")
@@ -208,9 +210,9 @@ def save_images(outputs: list[torch.Tensor], output: Path) -> list[Path]:
     return [path for _, path in named]
 
 
-def open_mask(path: str, size: tuple[int, int] | None) -> torch.Tensor:
-    """A mask file (white = repaint; grey, RGB or with alpha: its luminance) -> [H, W] in 0..1 for an image of
-    ``size`` (width, height; None: any size, scaled where it is used)."""
+def open_mask(path: str, size: tuple[int, int] | None, white: str = "repaint") -> torch.Tensor:
+    """A mask file (white = ``white``; grey, RGB or with alpha: its luminance) -> [H, W] in 0..1 for an image
+    of ``size`` (width, height; None: any size, scaled where it is used)."""
     try:
         with Image.open(path) as image:
             image = ImageOps.exif_transpose(image)
@@ -221,7 +223,7 @@ def open_mask(path: str, size: tuple[int, int] | None) -> torch.Tensor:
     except Image.DecompressionBombError as e:
         raise Flux2Error(f"the mask {path} is refused as a possible decompression bomb ({e})") from None
     except (OSError, ValueError) as e:
-        raise Flux2Error(f"could not read the mask {path} ({e}): use a PNG (white = repaint)") from None
+        raise Flux2Error(f"could not read the mask {path} ({e}): use a PNG (white = {white})") from None
     if size is not None and values.shape[::-1] != tuple(size):
         height, width = values.shape
         raise Flux2Error(
@@ -275,7 +277,20 @@ def read_loras(values: list[str]) -> list[tuple[object, float]]:
 
 def read_regions(values: list[list[str]]) -> list[tuple[str, torch.Tensor]]:
     """``--region PROMPT MASK`` values -> [(prompt, mask [H, W] in 0..1)], the masks read now."""
-    return [(text, open_mask(path, None)) for text, path in values]
+    return [(text, open_mask(path, None, "the region")) for text, path in values]
+
+
+def check_regions(regions: list[tuple[str, torch.Tensor]], grid: tuple[int, int], global_prompt: bool):
+    """Before any weight is read: the regions' masks at the output's latent ``grid`` (rows, cols). One that
+    covers no token is left out when the prompts run (``regional_plan`` says so); with none left and no
+    ``--prompt`` there is nothing to run."""
+    size = f"{grid[1] * FLUX2.size_multiple}x{grid[0] * FLUX2.size_multiple}"
+    empty = [k for k, (_, mask) in enumerate(regions) if not bool(latent_region_mask(mask, grid).any())]
+    if len(empty) == len(regions) and not global_prompt:
+        raise Flux2Error(
+            f"every --region mask is empty at {size} (a 16 x 16 token is in a region when at least half of "
+            "it is white): paint the regions white in the masks, or give a global --prompt"
+        )
 
 
 def reference_strengths(values: list[float], count: int) -> tuple:

@@ -134,6 +134,12 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
         raise Flux2Error("give a prompt: --prompt TEXT (or --region PROMPT MASK for regional prompts)")
     if args.region and args.reference:
         raise Flux2Error(REGIONS_AND_REFERENCES.replace("the regions", "the --region options"))
+    if args.region and (args.mask is not None or args.outpaint is not None):
+        raise Flux2Error(
+            "--region cannot be combined with --mask or --outpaint: the picture they repaint is a reference "
+            "image, and regional prompts and reference images cannot be combined; with --region, use --image "
+            "with --strength (img2img), or leave --region out"
+        )
     regions = inputs.read_regions(args.region)
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
@@ -186,6 +192,7 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     guidance = variant.default_guidance if args.guidance is None else args.guidance
     settings = SampleSettings(width, height, steps, guidance, args.seed, args.batch_size)
     settings.check()
+    inputs.check_regions(request.regions, settings.grid, bool(args.prompt))
     te_spec = text_encoder_spec_for(text_encoder)
     te_shape, te_bytes, _ = weight_bytes(te_spec, text_encoder, dtype)
     check_text_width(

@@ -24,6 +24,7 @@ average >= 0.5).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ import torch.nn.functional as F
 from ..dit.attention import GroupedMask, KeyGroup
 from ..errors import Flux2Error
 from .reference_strength import check_strength
+
+log = logging.getLogger("flux2_core")
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: its fields are tensors
@@ -53,6 +56,11 @@ class Region:
         if self.mask.ndim not in (2, 3) or (self.mask.ndim == 3 and self.mask.shape[0] != 1):
             raise Flux2Error(
                 f"a region's mask has shape {list(self.mask.shape)}, not [height, width]: give one mask"
+            )
+        if self.mask.numel() == 0:
+            raise Flux2Error(
+                f"a region's mask is {self.mask.shape[-1]}x{self.mask.shape[-2]} pixels: give a mask with "
+                "the region painted white"
             )
 
 
@@ -104,8 +112,16 @@ def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
     + log(strength) where a strength is not 1, and every image token). Attention then runs group by group on
     those keys: no [L, L] matrix, and no work on the keys a query cannot see."""
     glob = prompt.global_embeds
-    kept = [(r, latent_region_mask(r.mask, grid)) for r in prompt.regions if r.strength > 0]
-    kept = [(r, m) for r, m in kept if bool(m.any())]
+    kept = []
+    for k, region in enumerate(prompt.regions):
+        inside = latent_region_mask(region.mask, grid) if region.strength > 0 else None
+        if inside is not None and bool(inside.any()):
+            kept.append((region, inside))
+        elif inside is not None:
+            log.warning(
+                "region %d of %d covers no 16 x 16 token at %dx%d (a token is in it when at least half of it "
+                "is white): left out", k + 1, len(prompt.regions), grid[1] * 16, grid[0] * 16,
+            )  # fmt: skip
     if not kept:
         if not prompt.has_global:
             raise Flux2Error(

@@ -315,3 +315,41 @@ def test_regions_without_any_prompt_or_with_references_are_refused(files, tmp_pa
         files, tmp_path, "--region", "a", _mask(tmp_path, "m.png", True), "--reference", _reference(tmp_path)
     )
     assert code == 2 and "regional prompts and reference images cannot be combined" in caplog.text
+
+
+def test_regions_that_cannot_run_are_refused_before_a_weight_is_read(files, tmp_path, caplog, monkeypatch):
+    import flux2_core.cli.run as run
+
+    loaded = []
+    monkeypatch.setattr(run, "encode_prompts", lambda *a: loaded.append(a) or pytest.fail("weights read"))
+    size = ["--width", "64", "--height", "64", "--steps", "2"]
+    black, speck = tmp_path / "black.png", tmp_path / "speck.png"
+    Image.fromarray(np.zeros((64, 64), dtype=np.uint8)).save(black)
+    pixels = np.zeros((64, 64), dtype=np.uint8)
+    pixels[:4, :4] = 255  # under half of one 16 x 16 token
+    Image.fromarray(pixels).save(speck)
+    for mask in (black, speck):
+        caplog.clear()
+        code, _ = _run(files, tmp_path, *size, "--region", "a cat", str(mask), prompt=None)
+        assert code == 2 and "every --region mask is empty at 64x64" in caplog.text
+        assert "or give a global --prompt" in caplog.text
+    # the picture an inpaint or outpaint repaints is a reference: refused at once, with the img2img way out
+    image, region = _reference(tmp_path), ["--region", "a", _mask(tmp_path, "l.png", True)]
+    for extra in (["--mask", _mask(tmp_path, "m.png", True)], ["--outpaint", "0,0,16,0"]):
+        caplog.clear()
+        code, _ = _run(files, tmp_path, "--image", image, *extra, *region)
+        assert code == 2 and "--region cannot be combined with --mask or --outpaint" in caplog.text
+    caplog.clear()
+    code, _ = _run(files, tmp_path, *size, "--region", "a", str(tmp_path / "missing.png"), prompt=None)
+    assert code == 2 and "missing.png" in caplog.text and "(white = the region)" in caplog.text
+    assert not loaded
+
+
+def test_a_region_that_covers_no_token_is_left_out_with_a_warning(files, tmp_path, caplog):
+    size = ["--width", "64", "--height", "64", "--steps", "2"]
+    black = tmp_path / "black.png"
+    Image.fromarray(np.zeros((64, 64), dtype=np.uint8)).save(black)
+    code, out = _run(files, tmp_path / "r", *size, "--region", "a dog", str(black))
+    assert code == 0 and "region 1 of 1 covers no 16 x 16 token at 64x64" in caplog.text
+    code, plain = _run(files, tmp_path / "p", *size)  # the plain run of the global prompt
+    assert code == 0 and np.array_equal(np.asarray(Image.open(out)), np.asarray(Image.open(plain)))

@@ -217,12 +217,20 @@ def test_no_prompt_left_is_refused(model):
         _run(model, NONE, RegionalPrompt(NONE, (Region(_embeds(1), EMPTY),)))
 
 
+def test_a_region_left_out_is_said(caplog):
+    prompt = RegionalPrompt(_embeds(0), (Region(_embeds(1), LEFT), Region(_embeds(2), EMPTY)))
+    with caplog.at_level("WARNING", logger="flux2_core"):
+        regional_plan(prompt, (4, 4), torch.float32, "cpu")
+    assert "region 2 of 2 covers no 16 x 16 token at 64x64" in caplog.text and "region 1" not in caplog.text
+
+
 @pytest.mark.parametrize(
     "make, message",
     [
         (lambda: Region(_embeds(1), LEFT, -1.0), "region strength -1.0"),
         (lambda: Region(torch.zeros(2, 4, 24), LEFT), "encode one prompt per region"),
         (lambda: Region(_embeds(1), torch.zeros(2, 8, 8)), "give one mask"),
+        (lambda: Region(_embeds(1), torch.ones(1, 0, 0)), "mask is 0x0 pixels: give a mask with the region"),
         (lambda: RegionalPrompt(NONE, ()).add(Region(torch.zeros(1, 4, 12), LEFT)), "same text encoder"),
     ],
 )
