@@ -110,20 +110,22 @@ def estimate_memory(
     model: Flux2Model,
     settings: SampleSettings,
     references: ReferenceLatents | int | None,
-    regions: RegionalPrompt | None = None,
+    regions: RegionalPrompt | list[int] | None = None,
     control: Flux2ControlNet | None = None,
 ) -> int:
     """Rough peak bytes of activations (plus the KV cache, plus the device copies of streamed blocks, plus a
     regional prompt's longer text and its grouped attention's gathers, plus a control net's hints and its
     streamed blocks' copies) for one sampling run of a loaded model; ``references`` may also be just their
-    number of tokens."""
+    number of tokens, ``regions`` just its prompts' token counts (the global prompt's first)."""
     num_ref = references if isinstance(references, int) else (references.num_tokens if references else 0)
     streamer = streamer_of(model.transformer)
     streamed = streamer.working_bytes if streamer is not None else 0
     dtype = model.transformer.dtype
     text, mask = FLUX2.max_text_tokens, 0
     if regions is not None:
-        counts = [regions.global_embeds.shape[1]] + [r.embeds.shape[1] for r in regions.regions]
+        counts = regions
+        if isinstance(regions, RegionalPrompt):
+            counts = [regions.global_embeds.shape[1]] + [r.embeds.shape[1] for r in regions.regions]
         text, mask = regional_cost(
             counts, settings.grid, model.config.hidden_size, dtype.itemsize, settings.batch_size
         )

@@ -26,7 +26,9 @@ WEIGHT_PATCHES_REFUSED = (
     "MODEL: its weights are this pack's own. Load LoRAs with FLUX.2 [klein] LoRA Loader before FLUX.2 to "
     "native MODEL"
 )
-MemoryEstimate = Callable[[tuple, int], int]  # (noise shape [B, 128, h, w], reference tokens) -> bytes
+# (noise shape [B, 128, h, w], reference tokens, a regional prompt's token counts or None) -> bytes
+MemoryEstimate = Callable[[tuple, int, list | None], int]
+REGION_TOKENS = "flux2_klein_region_tokens"  # the shape native's memory planning gets for a regional prompt
 
 
 class Flux2KleinNativeModel(comfy.model_base.Flux2):
@@ -51,9 +53,20 @@ class Flux2KleinNativeModel(comfy.model_base.Flux2):
             out[REGIONAL_PROMPT] = comfy.conds.CONDConstant(regions)
         return out
 
+    def extra_conds_shapes(self, **kwargs):
+        """Native's shapes for planning memory, plus a regional prompt's token counts (the global prompt's
+        first): the longer text it samples with."""
+        out = super().extra_conds_shapes(**kwargs)
+        regions = kwargs.get(REGIONAL_PROMPT)
+        if regions is not None:
+            prompts = (regions.global_embeds, *(r.embeds for r in regions.regions))
+            out[REGION_TOKENS] = [p.shape[1] for p in prompts]
+        return out
+
     def memory_required(self, input_shape, cond_shapes={}):  # noqa: B006  (native's signature)
         refs = cond_shapes.get("ref_latents") or []  # native's [1, 16, tokens] per batch of references
-        return self.memory_estimate(tuple(input_shape), sum(int(s[-1]) for s in refs))
+        regions = max(cond_shapes.get(REGION_TOKENS) or [None], key=lambda c: sum(c or []))
+        return self.memory_estimate(tuple(input_shape), sum(int(s[-1]) for s in refs), regions)
 
 
 class Flux2KleinNativePatcher(comfy.model_patcher.ModelPatcher):

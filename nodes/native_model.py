@@ -149,12 +149,13 @@ def refuse_patches(transformer_options: dict) -> None:
         )
 
 
-def run_memory(klein, latent_shape: tuple, ref_tokens: int) -> int:
+def run_memory(klein, latent_shape: tuple, ref_tokens: int, region_tokens: list[int] | None = None) -> int:
     """Our sampler's estimate for native's noise shape [B, 128, h, w] (B counts cond and uncond when native
-    batches them)."""
+    batches them), with a regional prompt's token counts (the global prompt's first) when one is sampled."""
     batch, _, h, w = latent_shape
     m = FLUX2.size_multiple
-    return estimate_memory(klein.core, SampleSettings(w * m, h * m, 1, 1.0, 0, batch), ref_tokens)
+    settings = SampleSettings(w * m, h * m, 1, 1.0, 0, batch)
+    return estimate_memory(klein.core, settings, ref_tokens, region_tokens)
 
 
 def native_model(klein, kv_store):
@@ -168,7 +169,7 @@ def native_model(klein, kv_store):
         guidance_embed=config.guidance_embed,
         dtype=net.dtype,
         patchers=klein.patchers,
-        memory_estimate=lambda shape, ref_tokens: run_memory(klein, shape, ref_tokens),
+        memory_estimate=lambda shape, ref_tokens, regions=None: run_memory(klein, shape, ref_tokens, regions),
         outer_sample=_outer_sample(klein),
     )
 

@@ -268,3 +268,5 @@ def test_the_memory_estimate_counts_the_joined_prompts_and_the_mask(model):
     # one group's keys and values (at most all 1024 + 24 tokens), its queries and output (24 image tokens)
     gathered = (2 * (1024 + 24) + 2 * 24) * hidden * 4
     assert got - plain == longer - shorter + gathered
+    # native memory planning knows the prompts' token counts only (nodes.native_classes.REGION_TOKENS)
+    assert estimate_memory(dit, settings, None, [512, 512]) == got
