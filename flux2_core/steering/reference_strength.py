@@ -95,9 +95,18 @@ def strengths_at(strengths, step: int, steps: int) -> list[float]:
     return [s.at(step, steps) for s in strengths]
 
 
+SCHEDULE_TOLERANCE = 1e-4  # relative: a call's sigma arrives in the model's dtype (float32 in native graphs)
+
+
 def step_of(schedule, sigma: float) -> int:
-    """The step of a schedule (its sigmas, from 1 down to 0) that runs at noise level ``sigma``."""
-    return min(range(len(schedule)), key=lambda i: abs(float(schedule[i]) - float(sigma)))
+    """The step of a schedule (its sigmas, from 1 down to 0) that runs at noise level ``sigma``: the one that
+    starts at it, or, for a sampler's call between two sigmas (midpoint and second-order samplers), the step
+    that runs from the sigma above it down to the next."""
+    values, sigma = [float(s) for s in schedule], float(sigma)
+    nearest = min(range(len(values)), key=lambda i: abs(values[i] - sigma))
+    if abs(values[nearest] - sigma) <= SCHEDULE_TOLERANCE * max(abs(sigma), 1e-3):
+        return nearest
+    return max((i for i, v in enumerate(values[:-1]) if v > sigma), default=0)
 
 
 def at_step(

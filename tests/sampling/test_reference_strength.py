@@ -231,6 +231,16 @@ def test_the_step_range_is_compared_as_written():
     assert ReferenceStrength(2.0, 0.0, 0.56).at(13, 25) == 2.0
 
 
+def test_a_call_between_two_sigmas_belongs_to_the_step_that_runs_from_the_one_above():
+    from flux2_core.steering.reference_strength import step_of
+
+    schedule = [1.0, 0.8, 0.5, 0.2, 0.0]
+    assert [step_of(schedule, s) for s in schedule[:-1]] == [0, 1, 2, 3]
+    assert step_of(schedule, float(torch.tensor(0.8, dtype=torch.float32))) == 1  # the model's float32 copy
+    # a midpoint sampler's call between 0.8 and 0.5 (nearer 0.5) is step 1's, not step 2's
+    assert step_of(schedule, 0.55) == 1 and step_of(schedule, 0.79) == 1 and step_of(schedule, 0.05) == 3
+
+
 @pytest.mark.parametrize(
     "strength, steps, denoise, message",
     [
