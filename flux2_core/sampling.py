@@ -218,7 +218,11 @@ class SampleRequest:
     def __post_init__(self) -> None:
         model, settings = self.model, self.settings
         settings.check()
-        check_conditioning(model, self.positive)
+        what = "conditioning"
+        if self.regions is not None:  # [1, 0, C] without a global prompt: the width is the regions' prompts'
+            what = "global prompt's" if self.positive.shape[1] else "regional prompt's"
+            what += " conditioning"
+        check_conditioning(model, self.positive, what)
         model.variant.check_references(len(self.references) if self.references is not None else 0)
         if self.uses_cfg and self.negative is None:
             raise Flux2Error(

@@ -212,6 +212,14 @@ def test_regions_and_references_are_refused_together(model):
         )
 
 
+def test_regions_from_another_text_encoder_are_named_as_such(model):
+    dit = load_transformer(model["path"], variant="distilled")
+    other = torch.zeros(1, 4, 12)  # a text encoder of another width
+    no_global = RegionalPrompt(other[:, :0], (Region(other, LEFT),))
+    with pytest.raises(Flux2Error, match="this regional prompt's conditioning gives 12"):
+        SampleRequest(dit, no_global.global_embeds, SETTINGS, regions=no_global)
+
+
 def test_no_prompt_left_is_refused(model):
     with pytest.raises(Flux2Error, match="no prompt is left"):
         _run(model, NONE, RegionalPrompt(NONE, (Region(_embeds(1), EMPTY),)))
