@@ -153,6 +153,11 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     overlap = VAE_TILE_OVERLAP if args.vae_tile <= 0 else min(VAE_TILE_OVERLAP, args.vae_tile // 64 * 16)
     check_tiling(args.vae_tile, overlap, FLUX2.size_multiple)
     tiles = {"tile_size": args.vae_tile, "tile_overlap": overlap}
+    if regions:
+        width, height = _sampled_size(args, edit, sizes, control)
+        inputs.check_regions(
+            regions, (height // FLUX2.size_multiple, width // FLUX2.size_multiple), bool(args.prompt)
+        )
     check_threshold(args.step_cache)  # before anything is read
     if not fill and args.resident_mb < 0:
         raise Flux2Error(f"--resident-mb {args.resident_mb} is negative: give 0 (stream every block) or more")
@@ -160,6 +165,15 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
         args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles, strengths, regions,
         control,
     )  # fmt: skip
+
+
+def _sampled_size(args: argparse.Namespace, edit: Edit | None, sizes: list, control) -> tuple[int, int]:
+    """(width, height) sampled: the edit's (--width / --height may only repeat the output's), else the given
+    sides, the first reference's size or a control map's aspect."""
+    if edit is not None:
+        return edit.size
+    first = sizes[0] if sizes else control_flags.output_size_of(control)
+    return output_size(args.width, args.height, first)
 
 
 def _one_text_encoder(args: argparse.Namespace) -> argparse.Namespace:
@@ -178,11 +192,7 @@ def _one_text_encoder(args: argparse.Namespace) -> argparse.Namespace:
 def plan(request: Request, ranks: Ranks) -> Plan:
     """Phase 2: the files' headers, the pairing of DiT and text encoder, and the memory check."""
     args, edit, dtype = request.args, request.edit, request.dtype
-    if edit is not None:  # the size sampled is the edit's (--width/--height may only repeat the output's)
-        width, height = edit.size
-    else:
-        first = request.sizes[0] if request.sizes else control_flags.output_size_of(request.control)
-        width, height = output_size(args.width, args.height, first)
+    width, height = _sampled_size(args, edit, request.sizes, request.control)
     config, dit_bytes, checkpoint = weight_bytes(DIT_SPEC, args.model, dtype)
     variant = transformer_variant(checkpoint, config, args.variant)
     inpaint = edit is not None and edit.mask is not None  # the image to inpaint is reference 1
@@ -192,7 +202,6 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     guidance = variant.default_guidance if args.guidance is None else args.guidance
     settings = SampleSettings(width, height, steps, guidance, args.seed, args.batch_size)
     settings.check()
-    inputs.check_regions(request.regions, settings.grid, bool(args.prompt))
     te_spec = text_encoder_spec_for(text_encoder)
     te_shape, te_bytes, _ = weight_bytes(te_spec, text_encoder, dtype)
     check_text_width(

@@ -317,11 +317,11 @@ def test_regions_without_any_prompt_or_with_references_are_refused(files, tmp_pa
     assert code == 2 and "regional prompts and reference images cannot be combined" in caplog.text
 
 
-def test_regions_that_cannot_run_are_refused_before_a_weight_is_read(files, tmp_path, caplog, monkeypatch):
+def test_regions_that_cannot_run_are_refused_before_a_file_is_resolved(files, tmp_path, caplog, monkeypatch):
     import flux2_core.cli.run as run
 
-    loaded = []
-    monkeypatch.setattr(run, "encode_prompts", lambda *a: loaded.append(a) or pytest.fail("weights read"))
+    loaded = []  # a model file's header read (a Hub id would be downloaded there)
+    monkeypatch.setattr(run, "weight_bytes", lambda *a: loaded.append(a) or pytest.fail("model resolved"))
     size = ["--width", "64", "--height", "64", "--steps", "2"]
     black, speck = tmp_path / "black.png", tmp_path / "speck.png"
     Image.fromarray(np.zeros((64, 64), dtype=np.uint8)).save(black)
