@@ -104,6 +104,13 @@ FILES = {
                   "alibaba-pai/FLUX.2-dev-Fun-Controlnet-Union", DEV_NC, 8.23,
                   "the FLUX.2 [dev] Fun ControlNet Union: pose, depth, canny, HED, MLSD, scribble, gray, "
                   "inpaint"),
+        # The RefControl depth LoRA for klein 4B base (thedeoxen's): 92,426,784 bytes as published.
+        ModelFile("flux2_klein_4b_refcontrol_depth.safetensors", "loras",
+                  f"{HF}/thedeoxen/refcontrol-FLUX.2-klein-4B-reference-depth-lora/resolve/main/"
+                  "flux2_klein_4b_refcontrol_depth.safetensors",
+                  "thedeoxen/refcontrol-FLUX.2-klein-4B-reference-depth-lora", APACHE, 0.09,
+                  "the RefControl depth LoRA for klein 4B base: a depth map (reference 1) sets the layout of "
+                  "the subject (reference 2); trigger word `refcontrol`"),
         # FLUX.1 Fill [dev]: the links of ComfyUI's official Fill templates.
         ModelFile("flux1-fill-dev.safetensors", "diffusion_models",
                   _comfy("Comfy-Org/flux1-dev", "diffusion_models", "flux1-fill-dev.safetensors"),

@@ -24,9 +24,11 @@ from .layout import (
 from .models import models_property
 from .notes import CONTROL_FILE, note
 from .recipe import Family, Mode, Recipe, Sampling
+from .schemas import FILES
 
 VAE_FILE = "flux2-vae.safetensors"
 CONTROL_ROW = IMAGE_ROW + 120  # the control map's row: its loader above the Load Image
+LORA_ROWS = 420  # the LoRA loader and its report, in the load column above the image rows
 STRENGTH = ("strength", "start", "end")  # Reference Encode's widgets for how much a reference counts
 
 
@@ -67,11 +69,13 @@ def _models(g: Graph, r: Recipe) -> tuple[Node, Node, int, Node]:
     )  # fmt: skip
     if r.lora is None:
         return model, te, 0, vae
+    download = {"properties": {"models": models_property(r.lora)}} if r.lora in FILES else {}
     lora = g.add(
         "Flux2KleinLoraLoader",
         (X_LOAD, 470),
         (380, 130),
         {"lora_name": r.lora, "strength": r.lora_strength, "block_strengths": ""},
+        **download,
     )
     g.connect(model, lora, "model")
     g.connect(te, lora, "text_encoder")
@@ -79,6 +83,11 @@ def _models(g: Graph, r: Recipe) -> tuple[Node, Node, int, Node]:
     g.connect(lora, report, "source", src_slot=1)
     g.group("LoRA", lora, report)
     return lora, lora, 2, vae
+
+
+def _images_top(r: Recipe) -> int:
+    """Where the image rows start: below the LoRA loader and its report when the recipe has a LoRA."""
+    return Y_IMAGES + (LORA_ROWS if r.lora else 0)
 
 
 def _prompts(g: Graph, r: Recipe, te: Node, te_slot: int) -> tuple[Node, Node | None]:
@@ -124,8 +133,9 @@ def _references(g: Graph, r: Recipe, vae: Node) -> Node | None:
     """One row per reference image (Load Image, Reference Encode), chained; returns the last encode."""
     refs, nodes = None, []
     for i in range(r.references):
-        y = Y_IMAGES + IMAGE_ROW * i
-        image = load_image(g, y, f"Reference image {i + 1}")
+        y = _images_top(r) + IMAGE_ROW * i
+        what = f" ({r.reference_titles[i]})" if i < len(r.reference_titles) else ""
+        image = load_image(g, y, f"Reference image {i + 1}{what}")
         weight = r.reference_strengths[i] if r.reference_strengths else (1.0, 0.0, 1.0)
         values = {"max_megapixels": 1.0, "resize": "crop", **AUTO_TILES, **dict(zip(STRENGTH, weight))}
         enc = g.add(
@@ -147,7 +157,7 @@ def _references(g: Graph, r: Recipe, vae: Node) -> Node | None:
 def _control(g: Graph, r: Recipe, vae: Node, positive: Node) -> Node:
     """The Fun ControlNet below the references: its loader, the control map's Load Image and FLUX.2 [dev]
     Apply ControlNet on the prompt; returns the Apply node (the sampler's positive)."""
-    y = Y_IMAGES + IMAGE_ROW * r.references
+    y = _images_top(r) + IMAGE_ROW * r.references
     loader = g.add("Flux2DevControlNetLoader", (X_LOAD, y), (380, 106),
                    {"control_net_name": CONTROL_FILE, "quant_compute": "auto", "offload": "none"},
                    properties={"models": models_property(CONTROL_FILE)})  # fmt: skip
@@ -180,7 +190,7 @@ def _edit_inputs(
     control net the image and its mask also feed its inpaint mode, and stand in for the reference."""
     if r.mode is Mode.GENERATE:
         return None
-    y = Y_IMAGES + IMAGE_ROW * r.references + (CONTROL_ROW if control is not None else 0)
+    y = _images_top(r) + IMAGE_ROW * r.references + (CONTROL_ROW if control is not None else 0)
     image = load_image(g, y, IMAGE_TITLES[r.mode])
     if r.mode is Mode.IMG2IMG:
         encode = g.add("Flux2KleinEncode", (X_ENCODE, y), (300, 60))

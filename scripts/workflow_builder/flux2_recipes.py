@@ -120,6 +120,7 @@ RECIPES = (
         width=0,
         height=0,
         reference_strengths=((1.0, 0.0, 1.0), (0.5, 0.0, 0.75)),
+        reference_titles=("subject", "style"),
         settings=(
             f"{DISTILLED_SETTINGS}\n\n{EDIT_SIZE}\n\nThe strengths work on every model (base, 9B-KV, dev), "
             "with LoRAs, quantised files, streaming and both parallel modes; in native sampling graphs they "
@@ -134,7 +135,9 @@ RECIPES = (
             "the distilled klein 4B model. Each *FLUX.2 Regional Prompt* puts its prompt where its mask is "
             "white: the region's text reaches only the image inside the mask, while the whole picture reads "
             "the global prompt and stays one coherent image. The masks here are the left and right halves; "
-            "replace them with *Load Image (as Mask)* or paint your own (any size: they are scaled). Chain "
+            "replace them with *Load Image (as Mask)* (its `channel` is `alpha` by default: pick `red` for "
+            "an opaque black-and-white image) or paint your own (any size: they are stretched to the "
+            "picture). Chain "
             "more regions onto the last one; `strength` (1 = plain) sets how much a region's prompt counts."
         ),
         **KLEIN_4B,
@@ -153,10 +156,11 @@ RECIPES = (
         title="FLUX.2 [klein] 4B base: structure from a depth map (RefControl)",
         summary=(
             "Puts the subject of one image into the pose and layout of a depth map, with the klein 4B "
-            "**base** model and the RefControl depth LoRA (thedeoxen/refcontrol-FLUX.2-klein-4B-reference-"
-            "depth-lora on the Hugging Face hub: download its .safetensors into `models/loras` and pick it "
-            "in the LoRA Loader). *Reference image 1* is the **depth map** (it also sets the output size), "
-            "*Reference image 2* the **subject**; the prompt starts with the trigger word `refcontrol`. "
+            "**base** model and the RefControl depth LoRA (`flux2_klein_4b_refcontrol_depth.safetensors` "
+            "in `models/loras`). *Reference image 1* is the **depth map** (it also sets the output size: "
+            "make it at about 1 megapixel, e.g. a preprocessor's resolution 1024, framed as the picture "
+            "should be), *Reference image 2* the **subject**; the prompt starts with the trigger word "
+            "`refcontrol`. "
             "Depth maps come from a preprocessor pack (Depth Anything or MiDaS nodes, e.g. "
             "comfyui_controlnet_aux) or from any depth image; the LoRA's siblings for pose, canny, lineart "
             "and normal maps (9B) work the same way."
@@ -164,18 +168,19 @@ RECIPES = (
         **KLEIN_4B_BASE,
         prompt=(
             "refcontrol, apply depth from image 1 with reference from image 2: the person from image 2 in "
-            "the pose of image 1, same clothes and face, studio light"
+            "the layout of image 1, same clothes and face, studio light"
         ),
         negative="",
         references=2,
         width=0,
         height=0,
-        lora="refcontrol-FLUX.2-klein-4B-reference-depth-lora.safetensors",
+        lora="flux2_klein_4b_refcontrol_depth.safetensors",
+        reference_titles=("depth map", "subject"),
         lora_strength=0.9,
         settings=(
             "Base model: **about 50 steps, CFG 4.0** with an empty negative prompt; RefControl LoRA at "
-            "**0.8-1.0** (0.9 here). The LoRA also works on the distilled 4B model at 4 steps, with a little "
-            "less quality. The depth map's strength can be set on its Reference Encode (`strength`, "
+            "**0.8-1.0** (0.9 here), the strengths its model card recommends for klein base. The depth "
+            "map's strength can be set on its Reference Encode (`strength`, "
             "`end`) like any reference's.\n\n" + EDIT_SIZE
         ),
     ),
@@ -405,8 +410,8 @@ RECIPES += (
             f"{DEV_SETTINGS}\n\n*Inpaint Prepare* sets the output size from the image (about 1 megapixel, "
             "multiples of 16) and keeps the latent outside the (grown) mask; the control net gets the image "
             "and its mask as they are. *Composite* puts the result back over the original, `feather` pixels "
-            "inside the mask's edge. For inpainting without a map, connect the image itself as the control "
-            "map with `strength` about 0.5, or use the klein or FLUX.1 Fill inpaint workflows."
+            "inside the mask's edge. The control map must line up with the image (run the preprocessor on "
+            "the image itself). Without a map, use the klein or FLUX.1 Fill inpaint workflows."
         ),
         family=Family.DEV,
     ),

@@ -82,7 +82,8 @@ def files_note(r: Recipe) -> str:
 
 def note(r: Recipe) -> str:
     control = [CONTROL_FILE] if r.control else []
-    rows = file_rows([r.dit, r.text_encoder, "flux2-vae.safetensors", *control])
+    lora_file = [r.lora] if r.lora in FILES else []
+    rows = file_rows([r.dit, r.text_encoder, "flux2-vae.safetensors", *control, *lora_file])
     api = f"workflows/api/{r.name}.json"
     names = (
         [f"ref{i + 1}.png" for i in range(r.references)]

@@ -60,6 +60,7 @@ class Recipe:
     sampling: Sampling = Sampling.OURS
     # (strength, start, end) of each reference's Reference Encode; () leaves every one at its defaults
     reference_strengths: tuple[tuple[float, float, float], ...] = ()
+    reference_titles: tuple[str, ...] = ()  # what each reference image is for: "(depth map)" in its title
     # two region prompts, over the left and the right half (FLUX.2 Regional Prompt, onto the prompt)
     regions: tuple[str, ...] = ()
     # the kind of control map (e.g. "pose") steering FLUX.2 [dev] through the Fun ControlNet; None: none.

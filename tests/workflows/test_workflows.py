@@ -253,14 +253,15 @@ def test_loaders_name_their_model_files(name):
     wf = editor(name)
     folders = {"model_name": "diffusion_models", "text_encoder_name": "text_encoders", "vae_name": "vae",
                "t5_name": "text_encoders", "clip_name": "text_encoders",
-               "control_net_name": "controlnet"}  # fmt: skip
+               "control_net_name": "controlnet", "lora_name": "loras"}  # fmt: skip
     # The official BFL repos, Comfy-Org's repackaged ones, those of ComfyUI's author (the FLUX.1 text
-    # encoders of ComfyUI's own templates) and the Fun ControlNet's publisher, nothing else.
-    orgs = ("Comfy-Org", "black-forest-labs", "comfyanonymous", "alibaba-pai")
+    # encoders of ComfyUI's own templates), the Fun ControlNet's publisher and the RefControl LoRAs'
+    # author, nothing else.
+    orgs = ("Comfy-Org", "black-forest-labs", "comfyanonymous", "alibaba-pai", "thedeoxen")
     official = tuple(f"https://huggingface.co/{org}/" for org in orgs)
     note = next(n for n in wf["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
     for node in wf["nodes"]:
-        if node["type"] == "Flux2KleinLoraLoader":  # the user's own LoRA: no download entry
+        if node["type"] == "Flux2KleinLoraLoader" and "lora" in name.split("_"):  # the user's own LoRA
             assert "models" not in node["properties"] and "`models/loras`" in note
             continue
         if not node["type"].endswith("Loader"):
