@@ -102,6 +102,11 @@ class NativeDiT(torch.nn.Module):
             self._plan = regional_plan(regions, tuple(x.shape[-2:]), net.dtype, net.device)
             self._plan_key, self._plan_of = key, regions  # kept alive with the key, so the id stays its own
         context, mask = self._plan
+        if context.shape[0] not in (1, x.shape[0]):
+            raise Flux2Error(
+                f"the regional prompt holds {context.shape[0]} global prompts for a batch of {x.shape[0]}: "
+                "give one global prompt, or as many as the batch"
+            )
         return context.expand(x.shape[0], -1, -1), mask
 
     @staticmethod
