@@ -55,12 +55,16 @@ def shifted_sigmas(num_steps: int, mu: float) -> torch.Tensor:
     return torch.cat([sigmas, torch.zeros(1)])
 
 
+def skipped_steps(steps: int, strength: float) -> int:
+    """How many of ``steps`` img2img at ``strength`` skips: ``int(steps - steps * strength)``, the formula of
+    diffusers' ``get_timesteps``."""
+    return int(max(steps - min(steps * strength, steps), 0))
+
+
 def truncate(sigmas: list[float], strength: float) -> list[float]:
-    """The last ``strength`` of a schedule (img2img): the first ``int(steps - steps * strength)`` steps are
-    skipped, the formula of diffusers' ``get_timesteps`` (the schedule itself is the full one's)."""
-    steps = len(sigmas) - 1
-    skipped = int(max(steps - min(steps * strength, steps), 0))
-    return sigmas[skipped:]
+    """The last ``strength`` of a schedule (img2img): its first ``skipped_steps`` steps left out (the schedule
+    itself is the full one's)."""
+    return sigmas[skipped_steps(len(sigmas) - 1, strength) :]
 
 
 def start_from(noise: torch.Tensor, start: torch.Tensor | None, sigma: float) -> torch.Tensor:

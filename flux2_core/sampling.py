@@ -27,7 +27,17 @@ from .dit.step_cache import StepCache, check_threshold
 from .dit.transformer import REGIONS_AND_REFERENCES, Flux2Model
 from .editing import inpaint_blend
 from .errors import Flux2Error
-from .flow import StepCallback, euler, make_noise, pack, shifted_sigmas, start_from, truncate, unpack
+from .flow import (
+    StepCallback,
+    euler,
+    make_noise,
+    pack,
+    shifted_sigmas,
+    skipped_steps,
+    start_from,
+    truncate,
+    unpack,
+)
 from .hooks import before_each, calling, copies_released
 from .limits import check_request
 from .lora import DIT, patched
@@ -123,9 +133,7 @@ def estimate_memory(
     dtype = model.transformer.dtype
     text, mask = FLUX2.max_text_tokens, 0
     if regions is not None:
-        counts = regions
-        if isinstance(regions, RegionalPrompt):
-            counts = [regions.global_embeds.shape[1]] + [r.embeds.shape[1] for r in regions.regions]
+        counts = regions.token_counts if isinstance(regions, RegionalPrompt) else regions
         text, mask = regional_cost(
             counts, settings.grid, model.config.hidden_size, dtype.itemsize, settings.batch_size
         )
@@ -237,7 +245,7 @@ class SampleRequest:
             check_batch(conditioning, settings.batch_size, PROMPTS_FOR_BATCH)
         _check_editing(self.start, self.strength, self.mask, settings)
         steps = settings.steps
-        run = range(steps - (len(truncate(list(range(steps + 1)), self.strength)) - 1), steps)
+        run = range(skipped_steps(steps, self.strength), steps)
         for k, s in enumerate(self.references.strengths if self.references is not None else ()):
             if s.strength > 0:
                 check_steps_reached(f"reference {k + 1}", s.start, s.end, run, steps)

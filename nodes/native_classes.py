@@ -59,13 +59,12 @@ class Flux2KleinNativeModel(comfy.model_base.Flux2):
         out = super().extra_conds_shapes(**kwargs)
         regions = kwargs.get(REGIONAL_PROMPT)
         if regions is not None:
-            prompts = (regions.global_embeds, *(r.embeds for r in regions.regions))
-            out[REGION_TOKENS] = [p.shape[1] for p in prompts]
+            out[REGION_TOKENS] = regions.token_counts
         return out
 
     def memory_required(self, input_shape, cond_shapes={}):  # noqa: B006  (native's signature)
         refs = cond_shapes.get("ref_latents") or []  # native's [1, 16, tokens] per batch of references
-        regions = max(cond_shapes.get(REGION_TOKENS) or [None], key=lambda c: sum(c or []))
+        regions = max(cond_shapes.get(REGION_TOKENS, []), key=sum, default=None)  # the longest text
         return self.memory_estimate(tuple(input_shape), sum(int(s[-1]) for s in refs), regions)
 
 

@@ -26,6 +26,8 @@ refused when sampling starts. The native classes themselves are in ``native_clas
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..flux2_core import (
@@ -174,7 +176,7 @@ def native_model(klein, kv_store):
         guidance_embed=config.guidance_embed,
         dtype=net.dtype,
         patchers=klein.patchers,
-        memory_estimate=lambda shape, ref_tokens, regions=None: run_memory(klein, shape, ref_tokens, regions),
+        memory_estimate=functools.partial(run_memory, klein),
         outer_sample=_outer_sample(klein),
     )
 

@@ -83,6 +83,11 @@ class RegionalPrompt:
     def has_global(self) -> bool:
         return self.global_embeds.shape[1] > 0
 
+    @property
+    def token_counts(self) -> list[int]:
+        """The text tokens of each prompt, the global prompt's first (0: none)."""
+        return [self.global_embeds.shape[1], *(r.embeds.shape[1] for r in self.regions)]
+
 
 def regional_cost(
     text_tokens: list[int], grid: tuple[int, int], hidden: int, itemsize: int, batch: int = 1
@@ -114,10 +119,12 @@ def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
     glob = prompt.global_embeds
     kept = []
     for k, region in enumerate(prompt.regions):
-        inside = latent_region_mask(region.mask, grid) if region.strength > 0 else None
-        if inside is not None and bool(inside.any()):
+        if region.strength == 0:
+            continue
+        inside = latent_region_mask(region.mask, grid)
+        if bool(inside.any()):
             kept.append((region, inside))
-        elif inside is not None:
+        else:
             log.warning(
                 "region %d of %d covers no 16 x 16 token at %dx%d (a token is in it when at least half of it "
                 "is white): left out", k + 1, len(prompt.regions), grid[1] * 16, grid[0] * 16,
