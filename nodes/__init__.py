@@ -9,11 +9,13 @@ from .decode import Flux2KleinDecode
 from .editing import Flux2KleinComposite, Flux2KleinEncode, Flux2KleinInpaintPrepare, Flux2KleinOutpaintPad
 from .fill import Flux1FillDecode, Flux1FillSampler, Flux1FillTextEncode
 from .fill_loaders import Flux1FillModelLoader, Flux1FillTextEncoderLoader, Flux1FillVAELoader
+from .host import plain_error_names
 from .loaders import Flux2KleinModelLoader, Flux2KleinTextEncoderLoader, Flux2KleinVAELoader
 from .lora import Flux2KleinLoraLoader
 from .native import Flux2KleinFromNativeConditioning, Flux2KleinToNativeConditioning, Flux2KleinToNativeModel
 from .reference_encode import Flux2KleinReferenceEncode
 from .regional import Flux2KleinRegionalPrompt
+from .requirements import report_missing_packages
 from .sampler import Flux2KleinSampler
 from .sockets import ComfyExtension, io
 from .text_encode import Flux2KleinTextEncode
@@ -53,6 +55,8 @@ class Flux2KleinExtension(ComfyExtension):
 
 async def comfy_entrypoint() -> Flux2KleinExtension:
     """What ComfyUI calls when it loads this pack (V3 registration)."""
+    plain_error_names()
+    report_missing_packages()
     return Flux2KleinExtension()
 
 

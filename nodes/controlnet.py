@@ -15,6 +15,7 @@ import torch
 
 from ..flux2_core import MAX_CONTROL_STRENGTH, Flux2Error, enable_streaming, load_controlnet
 from . import host, sockets, types
+from .aliases import search_aliases
 from .loaders import quant_compute_input
 from .model_files import empty_folder_entry, empty_folder_message
 from .sockets import io
@@ -33,6 +34,7 @@ class Flux2DevControlNetLoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2DevControlNetLoader",
+            search_aliases=search_aliases("Flux2DevControlNetLoader"),
             display_name="FLUX.2 [dev] Fun ControlNet Loader",
             category="flux2_klein/loaders",
             description=(
@@ -52,6 +54,7 @@ class Flux2DevControlNetLoader(io.ComfyNode):
                     "offload",
                     options=["none", "stream"],
                     optional=True,
+                    advanced=True,
                     default="none",
                     tooltip="none: the whole control net moves to the GPU to sample (8.2 GB in bf16). "
                     "stream: its blocks stay in CPU memory and are copied to the GPU one at a time, as the "
@@ -95,6 +98,7 @@ class Flux2DevApplyControlNet(io.ComfyNode):
         fraction = {"min": 0.0, "max": 1.0, "step": 0.01}
         return io.Schema(
             node_id="Flux2DevApplyControlNet",
+            search_aliases=search_aliases("Flux2DevApplyControlNet"),
             display_name="FLUX.2 [dev] Apply ControlNet",
             category="flux2_klein/conditioning",
             description=(

@@ -6,6 +6,7 @@ import torch
 
 from ..flux2_core import FLUX2
 from . import convert, host, sockets, types
+from .aliases import search_aliases
 from .sockets import io
 
 TILE_SIZE_TOOLTIP = (
@@ -22,9 +23,25 @@ TILE_OVERLAP_TOOLTIP = (
 def tile_inputs(size_tooltip: str = TILE_SIZE_TOOLTIP) -> list:
     """The optional ``tile_size`` and ``tile_overlap`` inputs of the nodes that run the VAE."""
     return [
-        io.Int.Input("tile_size", optional=True, tooltip=size_tooltip, default=0, min=0, max=8192, step=16),
         io.Int.Input(
-            "tile_overlap", optional=True, tooltip=TILE_OVERLAP_TOOLTIP, default=64, min=0, max=512, step=16
+            "tile_size",
+            optional=True,
+            advanced=True,
+            tooltip=size_tooltip,
+            default=0,
+            min=0,
+            max=8192,
+            step=16,
+        ),
+        io.Int.Input(
+            "tile_overlap",
+            optional=True,
+            advanced=True,
+            tooltip=TILE_OVERLAP_TOOLTIP,
+            default=64,
+            min=0,
+            max=512,
+            step=16,
         ),
     ]
 
@@ -37,6 +54,7 @@ class Flux2KleinDecode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinDecode",
+            search_aliases=search_aliases("Flux2KleinDecode"),
             display_name="FLUX.2 Decode",
             category="flux2_klein/latent",
             description="Decodes FLUX.2 latents (ours or native FLUX.2 ones) to images with the FLUX.2 VAE.",

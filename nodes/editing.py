@@ -20,6 +20,7 @@ from ..flux2_core import (
     prepare_reference,
 )
 from . import convert, host, sockets, types
+from .aliases import search_aliases
 from .sockets import io
 
 PAD = {"default": 0, "min": 0, "max": 4096, "step": FLUX2.size_multiple}
@@ -35,6 +36,7 @@ class Flux2KleinEncode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinEncode",
+            search_aliases=search_aliases("Flux2KleinEncode"),
             display_name="FLUX.2 Encode",
             category="flux2_klein/latent",
             description=(
@@ -76,6 +78,7 @@ class Flux2KleinInpaintPrepare(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinInpaintPrepare",
+            search_aliases=search_aliases("Flux2KleinInpaintPrepare"),
             display_name="FLUX.2 Inpaint Prepare",
             category=INPAINT,
             description=(
@@ -104,6 +107,7 @@ class Flux2KleinInpaintPrepare(io.ComfyNode):
                 io.Int.Input(
                     "context",
                     optional=True,
+                    advanced=True,
                     tooltip="Pixels of context around the mask's box (crop_to_mask).",
                     default=64,
                     min=0,
@@ -150,6 +154,7 @@ class Flux2KleinComposite(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinComposite",
+            search_aliases=search_aliases("Flux2KleinComposite"),
             display_name="FLUX.2 Composite",
             category=INPAINT,
             description=(
@@ -188,6 +193,7 @@ class Flux2KleinOutpaintPad(io.ComfyNode):
                  for name in ("left", "top", "right", "bottom")]  # fmt: skip
         return io.Schema(
             node_id="Flux2KleinOutpaintPad",
+            search_aliases=search_aliases("Flux2KleinOutpaintPad"),
             display_name="FLUX.2 Outpaint Pad",
             category=INPAINT,
             description=(

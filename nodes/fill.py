@@ -27,6 +27,7 @@ from ..flux2_core import (
     sample_fill,
 )
 from . import convert, host, sockets, types
+from .aliases import search_aliases
 from .decode import IMAGE_OUTPUT, decode_samples, tile_inputs
 from .sockets import io
 
@@ -62,6 +63,7 @@ class Flux1FillTextEncode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillTextEncode",
+            search_aliases=search_aliases("Flux1FillTextEncode"),
             display_name="FLUX.1 Fill [dev] Text Encode",
             category="flux1_fill/conditioning",
             description=(
@@ -98,6 +100,7 @@ class Flux1FillSampler(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillSampler",
+            search_aliases=search_aliases("Flux1FillSampler"),
             display_name="FLUX.1 Fill [dev] Sampler",
             category="flux1_fill/sampling",
             description=(
@@ -145,7 +148,13 @@ class Flux1FillSampler(io.ComfyNode):
                     "crop_to_mask", optional=True, tooltip=TOOLTIPS["crop_to_mask"], default=False
                 ),
                 io.Int.Input(
-                    "context", optional=True, tooltip=TOOLTIPS["context"], default=64, min=0, max=2048
+                    "context",
+                    optional=True,
+                    advanced=True,
+                    tooltip=TOOLTIPS["context"],
+                    default=64,
+                    min=0,
+                    max=2048,
                 ),
                 io.Int.Input(
                     "batch_size",
@@ -158,6 +167,7 @@ class Flux1FillSampler(io.ComfyNode):
                 io.Float.Input(
                     "step_cache",
                     optional=True,
+                    advanced=True,
                     tooltip=STEP_CACHE_HELP,
                     default=0.0,
                     min=0.0,
@@ -217,6 +227,7 @@ class Flux1FillDecode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillDecode",
+            search_aliases=search_aliases("Flux1FillDecode"),
             display_name="FLUX.1 Fill [dev] Decode",
             category="flux1_fill/latent",
             description=(

@@ -11,6 +11,7 @@ import torch
 
 from ..flux2_core import Flux2Error, load_fill_text_encoder, load_fill_transformer, load_flux1_vae
 from . import host, sockets, types
+from .aliases import search_aliases
 from .loaders import quant_compute_input
 from .model_files import empty_folder_entry, empty_folder_message
 from .sockets import io
@@ -57,6 +58,7 @@ class Flux1FillModelLoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillModelLoader",
+            search_aliases=search_aliases("Flux1FillModelLoader"),
             display_name="FLUX.1 Fill [dev] Model Loader",
             category=CATEGORY,
             description=(
@@ -73,6 +75,7 @@ class Flux1FillModelLoader(io.ComfyNode):
                     "weight_dtype",
                     options=["default", *WEIGHT_DTYPES],
                     optional=True,
+                    advanced=True,
                     tooltip=TOOLTIPS["weight_dtype"],
                     default="default",
                 ),  # fmt: skip
@@ -107,6 +110,7 @@ class Flux1FillTextEncoderLoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillTextEncoderLoader",
+            search_aliases=search_aliases("Flux1FillTextEncoderLoader"),
             display_name="FLUX.1 Fill [dev] Text Encoder Loader",
             category=CATEGORY,
             description=(
@@ -124,6 +128,7 @@ class Flux1FillTextEncoderLoader(io.ComfyNode):
                     "device",
                     options=["default", "cpu"],
                     optional=True,
+                    advanced=True,
                     tooltip=TOOLTIPS["device"],
                     default="default",
                 ),  # fmt: skip
@@ -158,6 +163,7 @@ class Flux1FillVAELoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillVAELoader",
+            search_aliases=search_aliases("Flux1FillVAELoader"),
             display_name="FLUX.1 Fill [dev] VAE Loader",
             category=CATEGORY,
             description="Loads the FLUX.1 VAE (ae.safetensors) from models/vae.",

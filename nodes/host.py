@@ -17,6 +17,7 @@ import os
 import torch
 
 from ..flux2_core import Flux2Error, OutOfMemory
+from ..flux2_core.weights.hub import MissingComponent
 
 
 class Flux2KleinModule(torch.nn.Module):
@@ -224,3 +225,14 @@ def diffusion_model_wrappers(fn, owner, transformer_options: dict):
 
     wrappers = ext.get_all_wrappers(ext.WrappersMP.DIFFUSION_MODEL, transformer_options)
     return ext.WrapperExecutor.new_class_executor(fn, owner, wrappers).execute
+
+
+def plain_error_names() -> None:
+    """Our error types named as ``Flux2Error`` in the frontend's error report.
+
+    ComfyUI reports an exception's type as ``module.qualname`` unless the module is ``builtins``, and the
+    module name it gives this pack is its folder's path (``/.../custom_nodes/comfyui-flux2-klein``), so the
+    report would start with a path. Inside ComfyUI only (never imported elsewhere); these instances are
+    never pickled there."""
+    for error_type in (Flux2Error, MissingComponent):
+        error_type.__module__ = "builtins"

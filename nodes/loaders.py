@@ -23,6 +23,7 @@ from ..flux2_core import (
     parse_devices,
 )
 from . import host, sockets, types
+from .aliases import search_aliases
 from .model_files import empty_folder_entry, empty_folder_message
 from .sampler import KV_STORE
 from .sockets import io
@@ -49,6 +50,7 @@ def quant_compute_input():
         "quant_compute",
         options=list(QUANT_COMPUTE_MODES),
         optional=True,
+        advanced=True,
         tooltip=QUANT_COMPUTE_TOOLTIP,
         default="auto",
     )
@@ -106,6 +108,7 @@ class Flux2KleinModelLoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinModelLoader",
+            search_aliases=search_aliases("Flux2KleinModelLoader"),
             display_name="FLUX.2 Model Loader",
             category=CATEGORY,
             description=(
@@ -123,6 +126,7 @@ class Flux2KleinModelLoader(io.ComfyNode):
                     "weight_dtype",
                     options=["default", *WEIGHT_DTYPES],
                     optional=True,
+                    advanced=True,
                     tooltip=TOOLTIPS["weight_dtype"],
                     default="default",
                 ),  # fmt: skip
@@ -130,12 +134,14 @@ class Flux2KleinModelLoader(io.ComfyNode):
                     "offload",
                     options=["none", "stream"],
                     optional=True,
+                    advanced=True,
                     tooltip=TOOLTIPS["offload"],
                     default="none",
                 ),  # fmt: skip
                 io.Int.Input(
                     "resident_mb",
                     optional=True,
+                    advanced=True,
                     tooltip=TOOLTIPS["resident_mb"],
                     default=0,
                     min=0,
@@ -143,7 +149,12 @@ class Flux2KleinModelLoader(io.ComfyNode):
                     step=256,
                 ),  # fmt: skip
                 io.String.Input(
-                    "devices", optional=True, tooltip=TOOLTIPS["devices"], default="", multiline=False
+                    "devices",
+                    optional=True,
+                    advanced=True,
+                    tooltip=TOOLTIPS["devices"],
+                    default="",
+                    multiline=False,
                 ),
                 quant_compute_input(),
             ],
@@ -221,6 +232,7 @@ class Flux2KleinTextEncoderLoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinTextEncoderLoader",
+            search_aliases=search_aliases("Flux2KleinTextEncoderLoader"),
             display_name="FLUX.2 Text Encoder Loader",
             category=CATEGORY,
             description=(
@@ -237,6 +249,7 @@ class Flux2KleinTextEncoderLoader(io.ComfyNode):
                     "device",
                     options=[*TEXT_ENCODER_DEVICES, *_accelerators()],
                     optional=True,
+                    advanced=True,
                     tooltip=TOOLTIPS["device"],
                     default="default",
                 ),  # fmt: skip
@@ -278,6 +291,7 @@ class Flux2KleinVAELoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinVAELoader",
+            search_aliases=search_aliases("Flux2KleinVAELoader"),
             display_name="FLUX.2 VAE Loader",
             category=CATEGORY,
             description=(

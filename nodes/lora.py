@@ -14,6 +14,7 @@ import dataclasses
 
 from ..flux2_core import Flux2Error, parse_block_strengths, prepare_lora, read_lora
 from . import sockets
+from .aliases import search_aliases
 from .loaders import _choices, _path
 from .sockets import io
 
@@ -37,6 +38,7 @@ class Flux2KleinLoraLoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinLoraLoader",
+            search_aliases=search_aliases("Flux2KleinLoraLoader"),
             display_name="FLUX.2 [klein] LoRA Loader",
             category="flux2_klein/loaders",
             description=(
@@ -57,6 +59,7 @@ class Flux2KleinLoraLoader(io.ComfyNode):
                 io.String.Input(
                     "block_strengths",
                     optional=True,
+                    advanced=True,
                     tooltip=TOOLTIPS["block_strengths"],
                     default="",
                     multiline=False,

@@ -14,6 +14,7 @@ import torch
 
 from ..flux2_core import TEXT_ENCODER_FOR_CONTEXT, Flux2Error
 from . import host, sockets, types
+from .aliases import search_aliases
 from .native_model import native_model
 from .sampler import KV_STORE
 from .sockets import io
@@ -26,6 +27,7 @@ class Flux2KleinToNativeModel(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinToNativeModel",
+            search_aliases=search_aliases("Flux2KleinToNativeModel"),
             display_name="FLUX.2 to native MODEL",
             category=CATEGORY,
             description=(
@@ -54,6 +56,7 @@ class Flux2KleinToNativeConditioning(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinToNativeConditioning",
+            search_aliases=search_aliases("Flux2KleinToNativeConditioning"),
             display_name="FLUX.2 to native CONDITIONING",
             category=CATEGORY,
             description=(
@@ -97,6 +100,7 @@ class Flux2KleinFromNativeConditioning(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinFromNativeConditioning",
+            search_aliases=search_aliases("Flux2KleinFromNativeConditioning"),
             display_name="FLUX.2 from native CONDITIONING",
             category=CATEGORY,
             description=(

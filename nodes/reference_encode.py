@@ -11,6 +11,7 @@ from ..flux2_core import (
     processed_size,
 )
 from . import convert, host, sockets, types
+from .aliases import search_aliases
 from .decode import tile_inputs
 from .sockets import io
 
@@ -52,6 +53,7 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinReferenceEncode",
+            search_aliases=search_aliases("Flux2KleinReferenceEncode"),
             display_name="FLUX.2 Reference Encode",
             category="flux2_klein/conditioning",
             description=(
@@ -72,6 +74,7 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
                 io.Float.Input(
                     "max_megapixels",
                     optional=True,
+                    advanced=True,
                     tooltip=MAX_MEGAPIXELS_TOOLTIP,
                     default=MAX_REFERENCE_PIXELS / MEGAPIXEL,
                     min=0.1,
@@ -79,7 +82,12 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
                     step=0.1,
                 ),  # fmt: skip
                 io.Combo.Input(
-                    "resize", options=list(FIT_MODES), optional=True, tooltip=RESIZE_TOOLTIP, default="crop"
+                    "resize",
+                    options=list(FIT_MODES),
+                    optional=True,
+                    advanced=True,
+                    tooltip=RESIZE_TOOLTIP,
+                    default="crop",
                 ),
                 *tile_inputs(TILE_SIZE_TOOLTIP),
                 io.Float.Input(
@@ -92,10 +100,24 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
                     tooltip=STRENGTH_TOOLTIP,
                 ),
                 io.Float.Input(
-                    "start", optional=True, default=0.0, min=0.0, max=1.0, step=0.01, tooltip=START_TOOLTIP
+                    "start",
+                    optional=True,
+                    advanced=True,
+                    default=0.0,
+                    min=0.0,
+                    max=1.0,
+                    step=0.01,
+                    tooltip=START_TOOLTIP,
                 ),
                 io.Float.Input(
-                    "end", optional=True, default=1.0, min=0.0, max=1.0, step=0.01, tooltip=END_TOOLTIP
+                    "end",
+                    optional=True,
+                    advanced=True,
+                    default=1.0,
+                    min=0.0,
+                    max=1.0,
+                    step=0.01,
+                    tooltip=END_TOOLTIP,
                 ),  # fmt: skip
             ],
             outputs=[

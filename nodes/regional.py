@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..flux2_core import MAX_REFERENCE_STRENGTH, Flux2Error, Region, RegionalPrompt
 from . import sockets, types
+from .aliases import search_aliases
 from .sockets import io
 
 STRENGTH_TOOLTIP = (
@@ -18,6 +19,7 @@ class Flux2KleinRegionalPrompt(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinRegionalPrompt",
+            search_aliases=search_aliases("Flux2KleinRegionalPrompt"),
             display_name="FLUX.2 Regional Prompt",
             category="flux2_klein/conditioning",
             description=(

@@ -36,6 +36,7 @@ from ..flux2_core import (
     sample,
 )
 from . import convert, host, sockets, types
+from .aliases import search_aliases
 from .sockets import io
 
 MIN_SIZE, SIZE_MULTIPLE = FLUX2.min_size, FLUX2.size_multiple
@@ -78,6 +79,7 @@ class Flux2KleinSampler(io.ComfyNode):
         size = {"default": 1024, "min": 0, "max": MAX_SIZE, "step": SIZE_MULTIPLE}
         return io.Schema(
             node_id="Flux2KleinSampler",
+            search_aliases=search_aliases("Flux2KleinSampler"),
             display_name="FLUX.2 Sampler",
             category="flux2_klein/sampling",
             description=(
@@ -120,12 +122,14 @@ class Flux2KleinSampler(io.ComfyNode):
                     "kv_cache",
                     options=["reuse", "off"],
                     optional=True,
+                    advanced=True,
                     tooltip=TOOLTIPS["kv_cache"],
                     default="reuse",
                 ),  # fmt: skip
                 io.Float.Input(
                     "step_cache",
                     optional=True,
+                    advanced=True,
                     tooltip=TOOLTIPS["step_cache"],
                     default=0.0,
                     min=0.0,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import host, sockets, types
+from .aliases import search_aliases
 from .sockets import io
 
 TEXT_TOOLTIP = (
@@ -19,6 +20,7 @@ class Flux2KleinTextEncode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinTextEncode",
+            search_aliases=search_aliases("Flux2KleinTextEncode"),
             display_name="FLUX.2 Text Encode",
             category="flux2_klein/conditioning",
             description=(

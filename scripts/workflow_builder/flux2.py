@@ -112,7 +112,7 @@ def _regions(g: Graph, r: Recipe, te: Node, te_slot: int, positive: Node) -> Nod
     g.connect(half, left, "source")
     right = g.add("InvertMask", (X_LOAD, Y_IMAGES + 440), (300, 60), title="Right half")
     g.connect(left, right, "mask")
-    g.group("Region masks (replace with Load Image (as Mask), or paint them)", canvas, half, left, right)
+    g.group("Region masks", canvas, half, left, right)  # the note says how to replace them
     chain, nodes = positive, []
     for i, (text, mask) in enumerate(zip(r.regions, (left, right))):
         encode = g.add("Flux2KleinTextEncode", (X_ENCODE, Y_IMAGES + 240 * i), (440, 140), {"text": text},
@@ -135,6 +135,8 @@ def _references(g: Graph, r: Recipe, vae: Node) -> Node | None:
     for i in range(r.references):
         y = _images_top(r) + IMAGE_ROW * i
         what = f" ({r.reference_titles[i]})" if i < len(r.reference_titles) else ""
+        if i == 0 and r.references > 1 and not what:
+            what = " (sets the output size)"
         image = load_image(g, y, f"Reference image {i + 1}{what}")
         weight = r.reference_strengths[i] if r.reference_strengths else (1.0, 0.0, 1.0)
         values = {"max_megapixels": 1.0, "resize": "crop", **AUTO_TILES, **dict(zip(STRENGTH, weight))}
@@ -148,9 +150,7 @@ def _references(g: Graph, r: Recipe, vae: Node) -> Node | None:
         refs = enc
         nodes += [image, enc]
     if nodes:
-        g.group(
-            "References (the first one sets the output size)" if r.references > 1 else "Reference", *nodes
-        )
+        g.group("References" if r.references > 1 else "Reference", *nodes)
     return refs
 
 
@@ -168,7 +168,7 @@ def _control(g: Graph, r: Recipe, vae: Node, positive: Node) -> Node:
     g.connect(loader, apply, "control_net")
     g.connect(vae, apply, "vae")
     g.connect(image, apply, "control_image")
-    g.group(f"ControlNet (the {r.control} map: from a preprocessor, or any image)", loader, image, apply)
+    g.group(f"ControlNet ({r.control} map)", loader, image, apply)
     return apply
 
 

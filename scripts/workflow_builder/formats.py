@@ -8,10 +8,13 @@ import json
 import uuid
 
 from .graph import Graph, input_index
+from .sizes import check_group_titles, group_box, settle, view
 
 
 def to_editor(graph: Graph) -> dict:
-    """The graph-editor format (0.4) ComfyUI's frontend saves and loads."""
+    """The graph-editor format (0.4) ComfyUI's frontend saves and loads, laid out as the editor draws it."""
+    settle(graph)
+    check_group_titles(graph)
     order = graph.order()
     nodes = []
     for n in graph.nodes:
@@ -71,10 +74,7 @@ def to_editor(graph: Graph) -> dict:
     ]
     groups = []
     for i, g in enumerate(graph.groups, 1):
-        x0 = min(n.pos[0] for n in g.nodes) - 20
-        y0 = min(n.pos[1] for n in g.nodes) - 60
-        x1 = max(n.pos[0] + n.size[0] for n in g.nodes) + 20
-        y1 = max(n.pos[1] + n.size[1] for n in g.nodes) + 20
+        x0, y0, x1, y1 = group_box(g.nodes)
         bounding = [x0, y0, x1 - x0, y1 - y0]
         groups.append(
             {
@@ -95,7 +95,7 @@ def to_editor(graph: Graph) -> dict:
         "links": links,
         "groups": groups,
         "config": {},
-        "extra": {"ds": {"scale": 0.7, "offset": [60, 80]}},
+        "extra": {"ds": view(graph)},
         "version": 0.4,
     }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .schemas import NODE_SPECS, NodeSpec
+from .sizes import drawn_size
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Graph:
         expected = [w.name for w in spec.widgets if w.in_api or spec.frontend_only]
         if sorted(values) != sorted(expected):
             raise ValueError(f"{type_}: widgets {sorted(values)} != {sorted(expected)}")
-        node = Node(len(self.nodes) + 1, type_, values, tuple(pos), tuple(size), **kw)
+        node = Node(len(self.nodes) + 1, type_, values, tuple(pos), drawn_size(type_, size), **kw)
         if not spec.frontend_only:
             node.properties = {"Node name for S&R": type_, **node.properties}
         self.nodes.append(node)

