@@ -5,6 +5,10 @@ relatively. Outside ComfyUI (tests, the command line, pip installs) this module 
 nothing heavy: ``folder_paths`` only exists inside ComfyUI.
 """
 
+# The node help pages ComfyUI's frontend shows (web/docs/<NodeId>.md, .../<NodeId>/zh.md), served under
+# /extensions/<this folder>/.
+WEB_DIRECTORY = "./web"
+
 try:
     import folder_paths  # noqa: F401  (ComfyUI's own module: present only inside ComfyUI)
 except ImportError:
@@ -12,4 +16,4 @@ except ImportError:
 else:
     from .nodes import comfy_entrypoint
 
-    __all__ = ["comfy_entrypoint"]
+    __all__ = ["WEB_DIRECTORY", "comfy_entrypoint"]

@@ -67,8 +67,49 @@ def spec_of(node_class, display_name: str) -> NodeSpec:
     return NodeSpec(display_name, tuple(sockets), tuple(widgets), outputs)
 
 
+@dataclass(frozen=True)
+class InputDoc:
+    name: str
+    type: str  # a socket type, a widget type, or COMBO
+    optional: bool
+    advanced: bool
+    default: object
+    tooltip: str
+    options: tuple = ()  # a combo's choices
+
+
+@dataclass(frozen=True)
+class NodeDoc:
+    """What a node's help page says of it, read from the node class (its V1 view, as /object_info serves)."""
+
+    node_id: str
+    display_name: str
+    category: str
+    description: str
+    inputs: tuple[InputDoc, ...]
+    outputs: tuple[tuple[str, str, str], ...]  # (name, type, tooltip)
+
+
+def doc_of(node_id: str, node_class, display_name: str) -> NodeDoc:
+    declared = node_class.INPUT_TYPES()
+    inputs = []
+    for section in ("required", "optional"):
+        for name, (kind, *rest) in declared.get(section, {}).items():
+            options = rest[0] if rest else {}
+            combo = kind == "COMBO" or isinstance(kind, (list, tuple))
+            choices = tuple(options.get("options", kind if isinstance(kind, (list, tuple)) else ()))
+            inputs.append(InputDoc(name, "COMBO" if combo else kind, section == "optional",
+                                   bool(options.get("advanced")), options.get("default"),
+                                   options.get("tooltip") or "", choices))  # fmt: skip
+    names = getattr(node_class, "RETURN_NAMES", None) or node_class.RETURN_TYPES
+    tooltips = getattr(node_class, "OUTPUT_TOOLTIPS", None) or [None] * len(names)
+    outputs = tuple((n, t, tip or "") for n, t, tip in zip(names, node_class.RETURN_TYPES, tooltips))
+    return NodeDoc(node_id, display_name, node_class.CATEGORY, node_class.DESCRIPTION or "", tuple(inputs), outputs)
+
+
 def load_pack():
-    """(node specs, model-file table) of the pack, imported under the fake host and removed again."""
+    """(node specs, model-file table, node docs in registration order) of the pack, imported under the fake
+    host and removed again."""
     sys.path.insert(0, str(REPO / "tests" / "fixtures"))  # the fake host; for this import only
     try:
         from comfy_stubs import FakeHost, pack_nodes
@@ -88,10 +129,14 @@ def load_pack():
                 for node_id, cls in registered.classes.items()
             }
             files = sys.modules[f"{PACK_MODULE}.nodes.model_files"].FILES
+            docs = {
+                node_id: doc_of(node_id, cls, registered.display_names[node_id])
+                for node_id, cls in registered.classes.items()
+            }
         finally:
             for name in [m for m in sys.modules if m == PACK_MODULE or m.startswith(PACK_MODULE + ".")]:
                 del sys.modules[name]
-    return specs, files
+    return specs, files, docs
 
 
 NATIVE_SPECS: dict[str, NodeSpec] = {
@@ -170,5 +215,5 @@ NATIVE_SPECS: dict[str, NodeSpec] = {
     ),
 }  # fmt: skip
 
-PACK_SPECS, FILES = load_pack()
+PACK_SPECS, FILES, NODE_DOCS = load_pack()
 NODE_SPECS: dict[str, NodeSpec] = {**PACK_SPECS, **NATIVE_SPECS}

@@ -1,0 +1,93 @@
+"""The node help pages (web/docs, made by scripts/build_node_help.py) and the Chinese locale (locales/zh):
+every node has both, in step with its schema."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+help_pages = _script("build_node_help")
+DOCS = help_pages.NODE_DOCS  # every registered node, read from its class under the fake host
+
+
+def test_the_committed_pages_are_the_generated_ones():
+    files = help_pages.expected_files()
+    assert {p.relative_to(REPO).as_posix() for p in files} == {f"web/docs/{n}.md" for n in DOCS} | {
+        f"web/docs/{n}/zh.md" for n in DOCS
+    }
+    stale = [str(p.relative_to(REPO)) for p, text in files.items()
+             if not p.exists() or p.read_text(encoding="utf-8") != text]  # fmt: skip
+    assert not stale, f"run python scripts/build_node_help.py: {stale}"
+    generated = {p.resolve() for p in files}
+    assert not [p for p in (REPO / "web" / "docs").rglob("*.md") if p.resolve() not in generated]
+
+
+@pytest.mark.parametrize("node_id", sorted(DOCS))
+def test_every_node_has_a_hand_written_page_in_both_languages(node_id):
+    for lang in help_pages.LANGUAGES:
+        assert (REPO / "docs" / "node-help" / lang / f"{node_id}.md").is_file(), (node_id, lang)
+        page = help_pages.page(DOCS[node_id], lang, help_pages.zh_defs())
+        for heading in help_pages.SECTIONS[lang]:
+            assert heading in page
+        for inp in DOCS[node_id].inputs:  # the generated table lists every input of the schema
+            assert f"`{inp.name}`" in page, (node_id, lang, inp.name)
+
+
+def test_a_page_naming_an_input_the_node_lacks_is_refused():
+    doc = DOCS["Flux2KleinSampler"]
+    defs = help_pages.zh_defs()
+    assert "`seed`" in help_pages._fill(doc, "en", defs, "Set {seed}.", "test")
+    assert "**种子**（`seed`）" == help_pages._fill(doc, "zh", defs, "{seed}", "test")
+    with pytest.raises(help_pages.HelpError, match="sampler_name"):
+        help_pages._fill(doc, "en", defs, "Set {sampler_name}.", "test")
+    with pytest.raises(help_pages.HelpError, match="code"):
+        help_pages._fill(doc, "en", defs, 'It says "loading <file> failed".', "test")
+
+
+@pytest.mark.parametrize("node_id", sorted(DOCS))
+def test_the_chinese_locale_covers_every_input_and_output(node_id):
+    entry = help_pages.zh_defs()[node_id]
+    doc = DOCS[node_id]
+    assert entry["display_name"] and entry["display_name"] != doc.display_name
+    assert entry.get("description") or not doc.description
+    assert list(entry["inputs"]) == [i.name for i in doc.inputs], "zh inputs differ from the schema's"
+    for inp in doc.inputs:
+        assert entry["inputs"][inp.name]["name"], (node_id, inp.name)
+        assert bool(entry["inputs"][inp.name].get("tooltip")) == bool(inp.tooltip), (node_id, inp.name)
+    assert sorted(entry["outputs"], key=int) == [str(i) for i in range(len(doc.outputs))]
+    for i, (_, _, tooltip) in enumerate(doc.outputs):
+        assert bool(entry["outputs"][str(i)].get("tooltip")) == bool(tooltip), (node_id, i)
+
+
+def test_the_chinese_locale_names_every_category_and_no_unknown_node():
+    assert set(help_pages.zh_defs()) == set(DOCS)
+    main = json.loads((REPO / "locales" / "zh" / "main.json").read_text(encoding="utf-8"))
+    categories = main["nodeCategories"]
+    for doc in DOCS.values():
+        for part in doc.category.split("/"):
+            assert categories.get(part), f"{doc.node_id}: category {part!r} has no Chinese name"
+
+
+def test_comfyui_serves_the_pages_from_the_web_directory():
+    # ComfyUI serves a pack's WEB_DIRECTORY under /extensions/<folder>/; the help panel asks for docs/ there
+    source = (REPO / "__init__.py").read_text(encoding="utf-8")
+    assert 'WEB_DIRECTORY = "./web"' in source
+    assert (REPO / "web" / "docs" / "Flux2KleinSampler.md").is_file()
+    assert not list((REPO / "web").rglob("*.js")), "a .js file in web/ is loaded as a frontend extension"
