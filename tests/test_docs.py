@@ -62,7 +62,10 @@ def test_every_doc_page_is_linked_from_the_readme_or_another_page():
         for target in LINK.findall(prose(page.read_text("utf-8"))):
             if not re.match(r"^[a-z][a-z0-9+.-]*:", target) and target.partition("#")[0]:
                 linked.add((page.parent / target.partition("#")[0]).resolve())
-    orphans = [p.relative_to(ROOT) for p in (ROOT / "docs").glob("**/*.md") if p.resolve() not in linked]
+    # docs/node-help holds the hand-written parts of the node help pages: scripts/build_node_help.py makes the
+    # pages (web/docs), which the editor's help panel shows
+    pages = [p for p in (ROOT / "docs").glob("**/*.md") if "node-help" not in p.relative_to(ROOT).parts]
+    orphans = [p.relative_to(ROOT) for p in pages if p.resolve() not in linked]
     assert not orphans, f"pages no other page links to: {orphans}"
 
 
