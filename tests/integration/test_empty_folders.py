@@ -29,7 +29,7 @@ def test_an_empty_folder_shows_in_the_list_and_the_loader_names_the_file_and_lin
     with pytest.raises(empty_comfy.kc.ExecutionFailed) as failure:
         empty_comfy.run(graph, timeout=60)
     data = failure.value.data
-    assert data["node_type"] == node_type and data["exception_type"].endswith("Flux2Error"), data
+    assert data["node_type"] == node_type and data["exception_type"] == "Flux2Error", data
     message = data["exception_message"]
     url = f"https://huggingface.co/{repo}/resolve/main/split_files/{folder}/{filename}"
     assert f"download {filename}" in message and url in message and f"ComfyUI/models/{folder}/" in message

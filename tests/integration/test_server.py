@@ -259,7 +259,7 @@ def _flux2_error_message(comfy, wf, node_type: str) -> str:
         comfy.run(wf, timeout=120)
     data = failure.value.data
     assert data["node_type"] == node_type, data
-    assert data["exception_type"].endswith("Flux2Error"), data
+    assert data["exception_type"] == "Flux2Error", data
     return data["exception_message"]
 
 
