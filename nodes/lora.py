@@ -1,11 +1,9 @@
-"""Flux2KleinLoraLoader: a LoRA on a FLUX.2 [klein] model (and its text encoder), applied at compute time.
+"""Flux2KleinLoraLoader: a LoRA on a FLUX.2 model, klein or dev (and its text encoder), at compute time.
 
 The base weights are never changed: the LoRA travels with the returned model and is added on top while it
 samples (on quantised bases too: fp8, nvfp4, int8 and GGUF stay quantised). The input model keeps working
-without it, and both share one copy of the weights in memory. Chain loaders for several LoRAs.
-
-klein only: a FLUX.2 [dev] model is refused by name (the core's LoRA matching, its messages and its tests are
-klein's; dev LoRAs have not been checked against a reference), so this node keeps its "[klein]" name.
+without it, and both share one copy of the weights in memory. Chain loaders for several LoRAs. A LoRA made
+for another FLUX.2 model (klein 4B, klein 9B, dev) is refused by name before anything is patched.
 """
 
 from __future__ import annotations
@@ -21,10 +19,11 @@ from .sockets import io
 MAX_STRENGTH = 10.0
 
 TOOLTIPS = {
-    "model": "A klein model from FLUX.2 Model Loader (or another LoRA loader, to chain LoRAs).",
+    "model": "A FLUX.2 model (klein or dev) from FLUX.2 Model Loader (or another LoRA loader, to chain "
+    "LoRAs).",
     "lora_name": "A LoRA .safetensors from models/loras, in any common layout (ai-toolkit, kohya / musubi, "
     "diffusers / PEFT, fal, OneTrainer, DiffSynth, LyCORIS LoKr / LoHa, DoRA). It must be made for this "
-    "model's size: a 9B LoRA does not fit klein 4B.",
+    "model: a 9B LoRA does not fit klein 4B, a klein LoRA does not fit dev.",
     "strength": "How strongly the LoRA applies: 1 = as trained, 0 = off, negative values invert it.",
     "block_strengths": "Optional multipliers per block group on top of strength, comma separated: double, "
     "double.img, double.txt, single, other, each optionally with a block number or range, e.g. "
@@ -39,10 +38,10 @@ class Flux2KleinLoraLoader(io.ComfyNode):
         return io.Schema(
             node_id="Flux2KleinLoraLoader",
             search_aliases=search_aliases("Flux2KleinLoraLoader"),
-            display_name="FLUX.2 [klein] LoRA Loader",
+            display_name="FLUX.2 LoRA Loader",
             category="flux2_klein/loaders",
             description=(
-                "Applies a LoRA to a FLUX.2 [klein] model (and, for LoRAs that carry one, to its Qwen3 text "
+                "Applies a LoRA to a FLUX.2 model, klein or dev (and, for LoRAs that carry one, to its text "
                 "encoder). The report says which keys matched, which did not and which layers were touched."
             ),
             inputs=[
@@ -99,12 +98,6 @@ class Flux2KleinLoraLoader(io.ComfyNode):
         if not -MAX_STRENGTH <= strength <= MAX_STRENGTH:
             raise Flux2Error(
                 f"strength {strength} is out of range: use -{MAX_STRENGTH:g} to {MAX_STRENGTH:g}"
-            )
-        if model.core.variant.embeds_guidance:
-            raise Flux2Error(
-                f"{model.core.name} is FLUX.2 [dev]: the FLUX.2 [klein] LoRA Loader applies LoRAs to klein "
-                "models only (LoRAs on dev are not supported yet). Connect the model loader straight to the "
-                "sampler, or load a klein model for this LoRA"
             )
         lora_file = read_lora(_path("loras", lora_name))
         encoder = text_encoder.encoder.model if text_encoder is not None else None

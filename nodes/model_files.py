@@ -151,8 +151,8 @@ def empty_folder_message(folder: str, first: str | None = None) -> str:
     first = first or FIRST_FILE.get(folder)
     if first is None:
         return (
-            f"ComfyUI's models/{folder} folder holds no file: put a FLUX.2 [klein] LoRA (.safetensors) for "
-            f"this model's size into ComfyUI/models/{folder}/, then press R in the editor to refresh lists"
+            f"ComfyUI's models/{folder} folder holds no file: put a FLUX.2 LoRA (.safetensors) made "
+            f"for this model into ComfyUI/models/{folder}/, then press R in the editor to refresh lists"
         )
     f = FILES[first]
     return (

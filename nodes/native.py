@@ -34,7 +34,7 @@ class Flux2KleinToNativeModel(io.ComfyNode):
                 "Our FLUX.2 model (klein, base, 9B-KV or dev, with its LoRAs, quantised weights, streaming "
                 "or block split) as a native MODEL, for native samplers, guiders, schedulers and model "
                 "patches such as EasyCache. Native weight patches (LoraLoaderModelOnly) are refused: load "
-                "LoRAs with FLUX.2 [klein] LoRA Loader first."
+                "LoRAs with FLUX.2 LoRA Loader first."
             ),
             inputs=[sockets.Model.Input("model", tooltip="From FLUX.2 Model Loader (or the LoRA loader).")],
             outputs=[

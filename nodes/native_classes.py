@@ -23,7 +23,7 @@ from .types import REFERENCE_STRENGTHS, REGIONAL_PROMPT, carried_regions
 NATIVE_KEY = "flux2_klein"
 WEIGHT_PATCHES_REFUSED = (
     "native weight patches (LoraLoaderModelOnly, model merging) cannot change a model from FLUX.2 to native "
-    "MODEL: its weights are this pack's own. Load LoRAs with FLUX.2 [klein] LoRA Loader before FLUX.2 to "
+    "MODEL: its weights are this pack's own. Load LoRAs with FLUX.2 LoRA Loader before FLUX.2 to "
     "native MODEL"
 )
 # (noise shape [B, 128, h, w], reference tokens, a regional prompt's token counts or None) -> bytes

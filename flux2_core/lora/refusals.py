@@ -1,9 +1,10 @@
 """Refusing a LoRA made for another model, with a message that says which model it is for.
 
 The rules run in order over a ``match.Matches`` and the first that applies raises: a FLUX.1 LoRA, a FLUX.2
-[dev] LoRA, shapes of another klein size (or of another text encoder), blocks this model lacks, and a file
-of which nothing matched (incomplete, or for another model). Modules that match nothing while others do are
-reported, not refused.
+[dev] LoRA on klein (it names the guidance embedder), shapes of another FLUX.2 size (klein 4B, klein 9B or
+dev, told by the width one block reads; or of another text encoder), blocks this model lacks, and a file
+of which nothing matched (incomplete, or for another model). All of them run before any patch is built.
+Modules that match nothing while others do are reported, not refused.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _flux1_layers(name, found, transformer, text_encoder) -> Flux2Error | None:
     if found.flux1:
         return Flux2Error(
             f"{name} is a FLUX.1 LoRA (it has FLUX.1-only layers such as {found.flux1[0]}): FLUX.1 LoRAs "
-            "do not work on FLUX.2 [klein]; use a LoRA trained for FLUX.2 [klein]"
+            f"do not work on FLUX.2; use a LoRA trained for {_model(transformer)}"
         )
     return None
 
@@ -67,8 +68,8 @@ def _nothing_matched(name, found, transformer, text_encoder) -> Flux2Error | Non
         )
     return Flux2Error(
         f"none of the {len(found.adapters)} LoRA modules of {name} (e.g. {sorted(found.adapters)[0]}) "
-        "matches a FLUX.2 [klein] layer: it is a LoRA for another model; use a LoRA trained for "
-        "FLUX.2 [klein]"
+        f"matches a layer of {_model(transformer)}: it is a LoRA for another model; use a LoRA trained for "
+        f"{_model(transformer)}"
     )
 
 
@@ -95,6 +96,11 @@ def wrong_size(name: str, mismatched: list, transformer) -> Flux2Error:
     )
     key, target, expected, got = mismatched[0]
     width = widths.most_common(1)[0][0] if widths else hidden
+    evidence = next(  # one block whose widths show it: the file's change and the layer, both [out, in]
+        ((k, t, e, g) for k, t, e, g in mismatched if t in layers and layers[t].in_features == hidden
+         and g[1] == width and t.startswith(("double_blocks.", "single_blocks."))),
+        mismatched[0],
+    )  # fmt: skip
     flux1 = any(
         (t.endswith("linear1") and g[0] == 7 * width) or (t.endswith("mlp.0") and g[0] == 4 * width)
         for _, t, _, g in mismatched
@@ -102,8 +108,8 @@ def wrong_size(name: str, mismatched: list, transformer) -> Flux2Error:
     model = HIDDEN_NAMES.get(hidden) or model_name(transformer)
     if flux1:
         return Flux2Error(
-            f"{name} is a FLUX.1 LoRA (its {target} shapes are FLUX.1's): FLUX.1 LoRAs do not work on FLUX.2 "
-            f"[klein]; use a LoRA trained for {model}"
+            f"{name} is a FLUX.1 LoRA (its {target} shapes are FLUX.1's): FLUX.1 LoRAs do not work on "
+            f"FLUX.2; use a LoRA trained for {model}"
         )
     if width == hidden:
         return Flux2Error(
@@ -111,8 +117,10 @@ def wrong_size(name: str, mismatched: list, transformer) -> Flux2Error:
             f"{list(expected)}; use a LoRA trained for {model_name(transformer)}"
         )
     made_for = HIDDEN_NAMES.get(width, f"a {width}-wide model")
+    key, target, expected, got = evidence
     return Flux2Error(
-        f"{name} is a LoRA for {made_for} (its layers are {width} wide), but the loaded model is {model} "
+        f"{name} is a LoRA for {made_for} (its layers are {width} wide: its change to {target} is "
+        f"{list(got)}, where this model's layer is {list(expected)}), but the loaded model is {model} "
         f"({hidden} wide): use a LoRA trained for {model}, or load the {made_for} model"
     )
 
@@ -127,6 +135,10 @@ def wrong_text_encoder(name: str, mismatched: list, text_encoder) -> Flux2Error:
         f"{name} has text-encoder weights for {made_for}, but the connected text encoder is {connected} "
         f"({target}: {list(got)} vs {list(expected)}): use a LoRA trained for the model you loaded"
     )
+
+
+def _model(transformer) -> str:
+    return HIDDEN_NAMES.get(model_hidden(transformer)) or model_name(transformer)
 
 
 def too_deep(name: str, keys: list[str], aliases: dict, transformer) -> Flux2Error:

@@ -332,7 +332,7 @@ def test_native_weight_patches_and_block_patches_are_refused_clearly(comfy):
         comfy.run(g.nodes, timeout=300)
     data = failure.value.data
     assert data["node_type"] == "LoraLoaderModelOnly" and data["exception_type"] == "Flux2Error", data
-    assert "FLUX.2 [klein] LoRA Loader" in data["exception_message"]
+    assert "FLUX.2 LoRA Loader" in data["exception_message"]
 
 
 def test_native_sampling_reports_progress_and_stops_on_interrupt(comfy):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from klein_nodes import DEV_TEXT_WIDTH, TEXT_WIDTH, run_sampler
+from klein_nodes import DEV_TEXT_WIDTH, TEXT_WIDTH, core_module, run_sampler
 
 
 def test_dev_model_and_mistral_encoder_load_through_the_nodes(dev):
@@ -60,6 +60,26 @@ def test_a_flux1_text_encoder_in_the_flux2_loader_names_the_right_files(nodes, n
     assert "FLUX.1 Fill [dev]'s text encoder loader" in message
 
 
-def test_the_klein_lora_loader_refuses_a_dev_model(nodes, dev, Flux2Error):
-    with pytest.raises(Flux2Error, match="is FLUX.2 \\[dev\\]: the FLUX.2 \\[klein\\] LoRA Loader"):
-        nodes["Flux2KleinLoraLoader"].execute(dev["model"], "tiny_lora.safetensors", 1.0)
+def test_the_lora_loader_applies_a_dev_lora_as_the_core_does(nodes, dev, loaded, pack, fake_host, Flux2Error):
+    """A fal-trainer LoRA on dev's guidance embedder, a double block and the final layer: the sampler's image
+    is the core's with the same LoRA prepared by the core; a dev LoRA on klein is refused by name."""
+    core = core_module(pack)
+    lora_core = core_module(pack, "lora")
+    out = nodes["Flux2KleinLoraLoader"].execute(dev["model"], "tiny_dev_lora.safetensors", 0.8)
+    model, report, _ = out.args
+    assert "fal / PEFT on BFL names (base_model.model.)" in report and "3 of the file's 3 modules" in report
+    args = dict(positive=dev["positive"], seed=5, steps=2, guidance=4.0, width=64, height=64, batch_size=1)
+    (with_lora,) = nodes["Flux2KleinSampler"].execute(model=model, **args)
+    (plain,) = nodes["Flux2KleinSampler"].execute(model=dev["model"], **args)
+    lora = lora_core.prepare_lora(
+        lora_core.read_lora(fake_host.folder("loras") / "tiny_dev_lora.safetensors"),
+        dev["model"].core.transformer, strength=0.8,
+    )  # fmt: skip
+    settings = core.SampleSettings(64, 64, 2, 4.0, 5, 1)
+    expected = core.sample(
+        core.SampleRequest(dev["model"].core.with_lora(lora), dev["positive"].embeds, settings)
+    )
+    assert torch.equal(with_lora["samples"], expected)
+    assert (with_lora["samples"] - plain["samples"]).abs().max() > 1e-3
+    with pytest.raises(Flux2Error, match="is a FLUX.2 \\[dev\\] LoRA \\(it has the guidance embedder"):
+        nodes["Flux2KleinLoraLoader"].execute(loaded["model"], "tiny_dev_lora.safetensors", 1.0)
