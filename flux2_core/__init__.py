@@ -41,6 +41,14 @@ from .devices.parallel_load import load_transformer_parallel, planned_weight_byt
 from .devices.placement import BlockPlacement, parse_devices, place_blocks, remove_placement
 from .devices.streaming import disable_streaming, enable_streaming, streamer_of
 from .dit.control import Flux2ControlNet, load_controlnet
+from .dit.extrapolation import (
+    DEFAULT_BASE as EXTRAPOLATION_BASE,
+)
+from .dit.extrapolation import (
+    KV_AND_EXTRAPOLATION,
+    PositionExtrapolation,
+    position_extrapolation,
+)
 from .dit.files import load_transformer
 from .dit.kv_cache import RefKVCache
 from .dit.step_cache import MAX_STEP_CACHE, STEP_CACHE_HELP, StepCache
@@ -107,6 +115,10 @@ __all__ = [
     "MAX_CONTROL_STRENGTH",
     "AppliedControl",
     "Flux2ControlNet",
+    "EXTRAPOLATION_BASE",
+    "KV_AND_EXTRAPOLATION",
+    "PositionExtrapolation",
+    "position_extrapolation",
     "control_context",
     "control_output_size",
     "load_controlnet",

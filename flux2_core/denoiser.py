@@ -62,6 +62,7 @@ class KleinDenoiser:
         self.control, self.schedule = request.control, list(schedule)
         if self.control is not None:  # on the DiT's device once, not copied at every step
             self.control = replace(self.control, context=self.control.context.to(device, dtype))
+        self.extrapolation = request.extrapolation  # dit.extrapolation.PositionExtrapolation or None
         self.embedded = None
         if model.variant.embeds_guidance:
             self.embedded = torch.full((settings.batch_size,), settings.guidance, dtype=torch.float32)
@@ -86,6 +87,8 @@ class KleinDenoiser:
                     kw["attn_mask"] = self.mask
                 if control is not None:
                     kw["control"] = control
+                if self.extrapolation is not None:
+                    kw["extrapolation"] = self.extrapolation
                 v = dit_call(self.net, x_in, self.x_ids, t, ctx, ctx_ids, refs, kv_cache, **kw)
                 velocities.append(v.float())
         if len(velocities) == 2:

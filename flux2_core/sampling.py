@@ -21,6 +21,7 @@ from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
 from .denoiser import PROMPTS_FOR_BATCH, KleinDenoiser, dit_call
 from .devices.streaming import streamer_of
 from .dit.control import Flux2ControlNet, hint_bytes
+from .dit.extrapolation import PositionExtrapolation
 from .dit.kv_cache import RefKVCache
 from .dit.rope import image_ids, reference_ids, text_ids
 from .dit.step_cache import StepCache, check_threshold
@@ -42,7 +43,7 @@ from .hooks import before_each, calling, copies_released
 from .limits import check_request
 from .lora import DIT, patched
 from .references import ReferenceLatents
-from .sampling_checks import activation_bytes, check_batch, check_finite, check_strength
+from .sampling_checks import activation_bytes, check_batch, check_extrapolation, check_finite, check_strength
 from .steering.control_image import AppliedControl
 from .steering.reference_strength import check_steps_reached
 from .steering.regions import RegionalPrompt, regional_cost
@@ -222,6 +223,7 @@ class SampleRequest:
     step_cache: float | StepCache = 0.0
     regions: RegionalPrompt | None = None
     control: AppliedControl | None = None  # FLUX.2 [dev] with the Fun ControlNet (steering.control_image)
+    extrapolation: PositionExtrapolation | None = None  # DyPE past its base size (dit.extrapolation)
 
     def __post_init__(self) -> None:
         model, settings = self.model, self.settings
@@ -249,6 +251,8 @@ class SampleRequest:
         for k, s in enumerate(self.references.strengths if self.references is not None else ()):
             if s.strength > 0:
                 check_steps_reached(f"reference {k + 1}", s.start, s.end, run, steps)
+        cached = model.variant.kv_cache and bool(self.references)
+        check_extrapolation(self.extrapolation, settings.grid, cached)
         if self.control is not None:
             self.control.check(model.transformer, settings.grid)
             if self.control.strength:
@@ -315,6 +319,7 @@ def latent_velocity(
     kv_cache: RefKVCache | None = None,
     ref_bias: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
+    extrapolation: PositionExtrapolation | None = None,
 ) -> torch.Tensor:
     """One DiT call on latents, the way native ComfyUI calls its FLUX.2 model: ``x`` [B, 128, h, w] at noise
     level ``sigma`` [B] -> the velocity (noise - x0) [B, 128, h, w], float32, on ``x``'s device.
@@ -323,15 +328,15 @@ def latent_velocity(
     ... (native's "index" method, ours), ``guidance`` [B] the embedded value (dev; ignored by klein),
     ``kv_cache`` the KV model's reference K/V (``references`` then unused), ``ref_bias`` the bias of the
     reference keys (``reference_strength``), ``attn_mask`` the regional prompts' mask over ``[context;
-    image]`` (``steering.regions``). LoRAs, streaming and interrupt hooks are the caller's, for the
-    whole run."""
+    image]`` (``steering.regions``), ``extrapolation`` the position extrapolation past its base size
+    (``dit.extrapolation``). LoRAs, streaming and interrupt hooks are the caller's, for the whole run."""
     net = model.transformer
     device, dtype = net.device, net.dtype
     b, _, h, w = x.shape
     tokens, x_ids = pack(x).to(device, dtype), image_ids(h, w)
     t = sigma.float().to(device).reshape(-1).expand(b)
     ctx = context.to(device, dtype)
-    kw = {}
+    kw = {} if extrapolation is None else {"extrapolation": extrapolation}
     if guidance is not None and net.config.guidance_embed:
         kw["guidance"] = guidance.float().to(device).reshape(-1).expand(b)
     if ref_bias is not None:

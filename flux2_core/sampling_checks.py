@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from .dit.extrapolation import KV_AND_EXTRAPOLATION
 from .errors import Flux2Error
 
 # Hidden-wide rows a token holds at a step's peak: a single block holds its fused input projection (9 x
@@ -45,3 +46,10 @@ def check_finite(latent: torch.Tensor, causes: str) -> None:
     """A sampled latent holding NaN or inf would decode to garbage: refuse it, ``causes`` saying why."""
     if not torch.isfinite(latent).all():
         raise Flux2Error("sampling produced NaN or infinite values" + causes)
+
+
+def check_extrapolation(extrapolation, grid: tuple[int, int], cached_references: bool) -> None:
+    """Position extrapolation (``dit.extrapolation``) moves the references with the noise level: it cannot
+    extrapolate a run whose references' K/V are computed once (``cached_references``, the 9B-KV model)."""
+    if cached_references and extrapolation is not None and extrapolation.at(1.0, grid) is not None:
+        raise Flux2Error(KV_AND_EXTRAPOLATION)

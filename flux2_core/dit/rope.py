@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..configs import FLUX2
+from .extrapolation import extrapolated_table
 
 # reference k sits at t = 10 * (k + 1): far from the output image (t = 0) on the time axis
 REF_TIME_OFFSET = FLUX2.ref_time_offset
@@ -62,14 +63,23 @@ def rotation_table(table: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -1)
 
 
-def cached_rotation(cache: dict, ids: torch.Tensor, axes_dim, theta: int, device) -> torch.Tensor:
+def cached_rotation(
+    cache: dict, ids: torch.Tensor, axes_dim, theta: int, device, num_text: int = 0, positions=None
+) -> torch.Tensor:
     """The ``rotation_table`` for ``ids`` on ``device``, kept in ``cache`` for the last few id layouts (they
-    repeat every step)."""
+    repeat every step). ``positions`` (``extrapolation.Positions``, None for today's table) extrapolates the
+    image rows, those after the first ``num_text``."""
     key = (ids.cpu().numpy().tobytes(), tuple(ids.shape), str(device))
+    if positions is not None:
+        key += (num_text, positions)
     if key not in cache:
         if len(cache) >= 4:
             cache.clear()
-        cache[key] = rotation_table(rope_table(ids, axes_dim, theta)).to(device)
+        if positions is None:
+            table = rope_table(ids, axes_dim, theta)
+        else:
+            table = extrapolated_table(ids, num_text, axes_dim, theta, positions)
+        cache[key] = rotation_table(table).to(device)
     return cache[key]
 
 

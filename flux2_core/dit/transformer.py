@@ -35,6 +35,7 @@ from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..hooks import weight_mover
 from ..ops import Linear
 from .attention import GroupedMask, attention_bias
+from .extrapolation import KV_AND_EXTRAPOLATION
 from .kv_cache import RefKVCache
 from .layers import (
     LOCAL,
@@ -81,8 +82,11 @@ class DiT(nn.Module):
         """Every block in the order they run (for per-block hooks)."""
         return [*self.double_blocks, *self.single_blocks]
 
-    def _rope(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return cached_rotation(self._rope_cache, ids, self.config.axes_dim, self.config.theta, device)
+    def _rope(self, ids: torch.Tensor, device, num_text: int = 0, positions=None) -> torch.Tensor:
+        """The rotation table of ``ids``; with ``positions`` (``extrapolation.Positions``) the image rows
+        (after the first ``num_text``) extrapolated."""
+        axes, theta = self.config.axes_dim, self.config.theta
+        return cached_rotation(self._rope_cache, ids, axes, theta, device, num_text, positions)
 
 
 class Flux2Transformer(DiT):
@@ -123,8 +127,10 @@ class Flux2Transformer(DiT):
         ref_bias=None,
         attn_mask=None,
         control=None,
+        extrapolation=None,
     ):
         num_img = x.shape[1]
+        positions = _positions(extrapolation, t, x_ids)
         bias = attn_mask
         if attn_mask is not None and ref is not None and ref.shape[1] > 0:
             raise Flux2Error(REGIONS_AND_REFERENCES)
@@ -139,8 +145,9 @@ class Flux2Transformer(DiT):
         ids = torch.cat([ctx_ids, x_ids])
         hints = (control, control.padded(x.shape[1])) if control is not None and control.strength else None
         out = self._run_blocks(
-            x, ctx, ids, self._mods(vec), step_cache=step_cache, attn_bias=bias, hints=hints
-        )
+            x, ctx, ids, self._mods(vec), step_cache=step_cache, attn_bias=bias, hints=hints,
+            positions=positions,
+        )  # fmt: skip
         return self.final_layer(out[:, :num_img], vec)
 
     @torch.inference_mode()
@@ -159,9 +166,12 @@ class Flux2Transformer(DiT):
         return cache
 
     def forward_kv_cached(
-        self, x, x_ids, t, ctx, ctx_ids, cache: RefKVCache, guidance=None, step_cache=None, ref_bias=None
-    ):
+        self, x, x_ids, t, ctx, ctx_ids, cache: RefKVCache, guidance=None, step_cache=None, ref_bias=None,
+        extrapolation=None,
+    ):  # fmt: skip
         """Text and noisy tokens attend to themselves and to the cached reference K/V."""
+        if _positions(extrapolation, t, x_ids) is not None:
+            raise Flux2Error(KV_AND_EXTRAPOLATION)
         if not cache.filled:
             cache.double[0].get(x.shape[0])  # raises the clear "cache is empty" error
         vec = self._vec(t, guidance, x.dtype)
@@ -192,7 +202,7 @@ class Flux2Transformer(DiT):
 
     def _run_blocks(
         self, img, ctx, ids, mods, cache: RefKVCache | None = None, step_cache=None, attn_bias=None,
-        cached_bias=None, hints=None,
+        cached_bias=None, hints=None, positions=None,
     ):  # fmt: skip
         """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part.
         ``step_cache`` (a ``step_cache.FirstBlockCache``) may end the step after the first block;
@@ -200,12 +210,13 @@ class Flux2Transformer(DiT):
         ``cached_bias`` ([R] over the KV model's cached reference keys) goes to every attention. ``hints``
         (a ``control.Control`` and its context over the image tokens) adds the control net's hints after its
         double blocks, before the step cache looks at the first block's output (a controlled step is
-        compared with controlled steps)."""
+        compared with controlled steps). ``positions`` (``extrapolation.Positions``) extrapolates the image
+        tokens' RoPE."""
         img_mod, txt_mod, single_mod = mods
         tokens = ctx.shape[1] + img.shape[1]
         ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
         attn_bias = self._attention_bias(attn_bias, cached_bias, ctx.shape[1], tokens, img.dtype)
-        pe = self._rope(ids, img.device)
+        pe = self._rope(ids, img.device, ctx.shape[1], positions)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))
         added = {}
@@ -287,3 +298,12 @@ def compile_blocks(net: Flux2Transformer) -> None:
 def _fp16_safe(x: torch.Tensor) -> torch.Tensor:
     """float16 overflows in the residual stream of large blocks: clip to its range (as diffusers does)."""
     return x.clip(-65504, 65504) if x.dtype == torch.float16 else x
+
+
+def _positions(extrapolation, t: torch.Tensor, x_ids: torch.Tensor):
+    """One call's ``extrapolation.Positions`` for the noisy tokens of ``x_ids`` at ``t`` (one sigma for the
+    batch), or None when there is nothing to extrapolate."""
+    if extrapolation is None:
+        return None
+    grid = (int(x_ids[:, 1].max()) + 1, int(x_ids[:, 2].max()) + 1)
+    return extrapolation.at(float(t.reshape(-1)[0]), grid)
