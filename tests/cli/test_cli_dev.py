@@ -118,6 +118,43 @@ def test_torchrun_two_processes_write_the_single_process_image(files, tmp_path, 
     assert np.abs(_pixels(parallel) - _pixels(single)).max() <= 1
 
 
+def test_a_dev_lora_from_the_command_line_is_the_core_run_with_it(files, tmp_path, caplog):
+    """``--lora FILE:S`` on dev: a fal-trainer file on the guidance embedder, a block and the final layer's
+    modulation; the image is the core's sample with the same LoRA, and its report is logged."""
+    import logging
+
+    import torch
+    from safetensors.torch import save_file
+    from tiny_dit import bfl_state_dict
+
+    from flux2_core.lora import prepare_lora, read_lora
+
+    sd = bfl_state_dict(make_diffusers_dit(seed=7, guidance_embeds=True,
+                                           joint_attention_dim=3 * TINY_TEXT["hidden_size"]))  # fmt: skip
+    g, tensors = torch.Generator().manual_seed(4), {}
+    for layer in ("guidance_in.in_layer", "double_blocks.0.img_attn.qkv", "final_layer.adaLN_modulation.1"):
+        out, inp = sd[layer + ".weight"].shape
+        tensors[f"base_model.model.{layer}.lora_A.weight"] = torch.randn(4, inp, generator=g) * 0.5
+        tensors[f"base_model.model.{layer}.lora_B.weight"] = torch.randn(out, 4, generator=g) * 0.5
+    lora_path = tmp_path / "dev_style.safetensors"
+    save_file(tensors, str(lora_path))
+    out = tmp_path / "lora.png"
+    with caplog.at_level(logging.INFO):
+        assert main([*_argv(files, out), "--lora", f"{lora_path}:0.8"]) == 0
+    assert "fal / PEFT on BFL names (base_model.model.)" in caplog.text and "3 of the file's 3" in caplog.text
+    model = load_transformer(files["dev"])
+    lora = prepare_lora(read_lora(lora_path), model.transformer, strength=0.8)
+    conditioning = load_text_encoder(files["mistral"]).encode([PROMPT])
+    settings = SampleSettings(80, 64, STEPS, GUIDANCE, SEED)
+    latents = sample(SampleRequest(model.with_lora(lora), conditioning, settings))
+    pixels = load_vae(files["vae"]).decode(latents)
+    expected = ((pixels[0].clamp(-1, 1) + 1) * 127.5).round().permute(1, 2, 0).numpy().astype(int)
+    assert np.array_equal(_pixels(out), expected)
+    plain = tmp_path / "plain.png"
+    assert main(_argv(files, plain)) == 0
+    assert np.abs(_pixels(plain) - _pixels(out)).mean() > 1  # the LoRA reaches the image
+
+
 def test_dev_takes_up_to_ten_references(files, tmp_path, caplog):
     image = tmp_path / "ref.png"
     Image.fromarray(np.full((64, 64, 3), 128, dtype=np.uint8)).save(image)

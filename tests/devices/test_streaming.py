@@ -34,6 +34,9 @@ def files(tmp_path_factory):
         "kv": write_bfl_file(dit, root / "flux-2-klein-9b-kv.safetensors"),
         "fp8": root / "fp8.safetensors",
         "int8": root / "int8.safetensors",
+        "dev": write_bfl_file(
+            make_diffusers_dit(seed=4, guidance_embeds=True), root / "flux2-dev.safetensors"
+        ),
     }
 
 
@@ -49,8 +52,9 @@ def inputs():
 
 
 def forward(net, inputs):
+    guidance = torch.tensor([3.5, 3.5]) if getattr(net, "guidance_in", None) is not None else None  # dev
     with torch.inference_mode():
-        return net(inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"], text_ids(T))
+        return net(inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"], text_ids(T), guidance=guidance)
 
 
 def kv_path(net, inputs):
@@ -166,10 +170,12 @@ def _patch(layer, seed: int = 0) -> LowRankPatch:
     return LowRankPatch(up, down, strength=0.5)
 
 
-@pytest.mark.parametrize("fmt", ["plain", "int8"])
+@pytest.mark.parametrize("fmt", ["plain", "int8", "dev"])
 def test_lora_patches_apply_to_streamed_layers(files, inputs, fmt):
     net = load_transformer(files[fmt]).transformer
     targets = [net.double_blocks[0].img_attn.qkv, net.single_blocks[1].linear1]
+    if fmt == "dev":  # dev's own layers: the guidance embedder and the final layer's modulation
+        targets += [net.guidance_in.in_layer, net.final_layer.adaLN_modulation[1]]
     plain = forward(net, inputs)
     for i, layer in enumerate(targets):
         layer.add_patch("test", _patch(layer, i))
