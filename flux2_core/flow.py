@@ -6,6 +6,7 @@ v = noise - x0, and each step is x <- x + (sigma_next - sigma) v, ending at sigm
 
 - a start latent and a truncated schedule (img2img): ``start_from`` noises the start latent to the first
   sigma, ``truncate`` keeps the last ``strength`` of the schedule;
+- a schedule given as a list (``given_sigmas``), used instead of a model's own;
 - ``blend(x, sigma_next)`` after every step (inpaint: keep the known region at the current noise level);
 - ``callback(step, total, x0)`` after every step with the predicted clean latent (progress, previews,
   interruption); per-block interruption is a hook on the model's blocks (``hooks.before_each``).
@@ -22,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 from .configs import FLUX2, Family
+from .errors import Flux2Error
 
 Denoiser = Callable[[torch.Tensor, float], torch.Tensor]  # (x [B, N, C] float32, sigma) -> v
 StepCallback = Callable[[int, int, torch.Tensor], None]  # (step done, total steps, predicted x0)
@@ -53,6 +55,32 @@ def shifted_sigmas(num_steps: int, mu: float) -> torch.Tensor:
     t = torch.linspace(1, 0, num_steps + 1, dtype=torch.float32)
     sigmas = math.exp(mu) / (math.exp(mu) + (1 / t[:-1] - 1))
     return torch.cat([sigmas, torch.zeros(1)])
+
+
+def given_sigmas(values, what: str = "sigmas") -> tuple[float, ...]:
+    """A schedule given as a list of sigmas, used as given (as ComfyUI's ManualSigmas with
+    SamplerCustomAdvanced): float32 values, a final 0 appended when the list does not end there. Refused by
+    name: fewer than two values, a value outside [0, 1], a list that does not decrease."""
+    listed = [float(v) for v in (values.flatten().tolist() if isinstance(values, torch.Tensor) else values)]
+    example = "e.g. 1.0, 0.75, 0.5, 0.25, 0"
+    if len(listed) < 2:
+        raise Flux2Error(
+            f"{what} {listed}: give at least two values, from the level the run starts at down to 0 "
+            f"({example})"
+        )
+    for v in listed:
+        if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+            raise Flux2Error(
+                f"{what}: {v:g} is outside [0, 1]: every sigma is a noise level from 1 to 0 ({example})"
+            )
+    for above, below in zip(listed, listed[1:]):
+        if not below < above:
+            raise Flux2Error(
+                f"{what} are not decreasing ({above:g} then {below:g}): each value must be below the one "
+                f"before it ({example})"
+            )
+    sigmas = torch.tensor(listed, dtype=torch.float32).tolist()
+    return tuple(sigmas + ([0.0] if sigmas[-1] != 0.0 else []))
 
 
 def skipped_steps(steps: int, strength: float) -> int:

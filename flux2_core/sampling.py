@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,6 +31,7 @@ from .errors import Flux2Error
 from .flow import (
     StepCallback,
     euler,
+    given_sigmas,
     make_noise,
     pack,
     shifted_sigmas,
@@ -59,10 +60,29 @@ class SampleSettings:
     guidance: float
     seed: int
     batch_size: int = 1
+    sigmas: tuple[float, ...] | None = None  # a given schedule (``with_sigmas``), else the empirical-mu one
 
     def check(self) -> None:
         """Every number, with the limit and what to change in the message (``limits.check_request``)."""
         check_request(self.width, self.height, self.steps, self.guidance, self.seed, self.batch_size)
+        if self.sigmas is not None and (
+            given_sigmas(self.sigmas) != tuple(self.sigmas) or len(self.sigmas) != self.steps + 1
+        ):
+            raise Flux2Error(
+                "a given schedule sets sigmas and steps together: use SampleSettings.with_sigmas()"
+            )
+
+    def with_sigmas(self, sigmas) -> SampleSettings:
+        """These settings running ``sigmas`` as given (``flow.given_sigmas``: checked, a final 0 appended):
+        steps becomes its number of steps, so img2img's strength and step ranges count the list's steps."""
+        given = given_sigmas(sigmas)
+        return replace(self, steps=len(given) - 1, sigmas=given)
+
+    def schedule(self) -> list[float]:
+        """The sigmas of a run from pure noise, ``steps + 1`` values ending at 0."""
+        if self.sigmas is not None:
+            return list(self.sigmas)
+        return get_sigmas(self.steps, self.grid[0] * self.grid[1]).tolist()
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -286,7 +306,7 @@ def sample(request: SampleRequest) -> torch.Tensor:
         kv_cache = encode_reference_kv(model, references)
     cache = StepCache.of(request.step_cache)
     cache.start(len(request.conds))
-    schedule = get_sigmas(settings.steps, grid[0] * grid[1]).tolist()
+    schedule = settings.schedule()
     denoise = KleinDenoiser(request, schedule, kv_cache, cache)
     sigmas = truncate(schedule, request.strength)
     # Latents stay float32 on the model's device for the whole run; the noise is drawn on the CPU.
