@@ -41,14 +41,9 @@ from .devices.parallel_load import load_transformer_parallel, planned_weight_byt
 from .devices.placement import BlockPlacement, parse_devices, place_blocks, remove_placement
 from .devices.streaming import disable_streaming, enable_streaming, streamer_of
 from .dit.control import Flux2ControlNet, load_controlnet
-from .dit.extrapolation import (
-    DEFAULT_BASE as EXTRAPOLATION_BASE,
-)
-from .dit.extrapolation import (
-    KV_AND_EXTRAPOLATION,
-    PositionExtrapolation,
-    position_extrapolation,
-)
+from .dit.extrapolation import DEFAULT_BASE as EXTRAPOLATION_BASE
+from .dit.extrapolation import KV_AND_EXTRAPOLATION, PositionExtrapolation, position_extrapolation
+from .dit.extrapolation import METHODS as EXTRAPOLATION_METHODS
 from .dit.files import load_transformer
 from .dit.kv_cache import RefKVCache
 from .dit.step_cache import MAX_STEP_CACHE, STEP_CACHE_HELP, StepCache
@@ -108,6 +103,9 @@ from .steering.reference_strength import MAX_STRENGTH as MAX_REFERENCE_STRENGTH
 from .steering.reference_strength import ReferenceStrength, at_step, step_of
 from .steering.regions import Region, RegionalPrompt, regional_plan
 from .text.encoder import TextEncoder, load_text_encoder, text_encoder_spec_for
+from .upscale.tiled import DEFAULT_OVERLAP as TILE_OVERLAP
+from .upscale.tiled import DEFAULT_TILE as TILE_SIZE
+from .upscale.tiled import TiledRefine, tiled_memory, tiled_refine
 from .vae.autoencoder import AutoEncoder, load_vae
 from .weights.kitchen import MODES as QUANT_COMPUTE_MODES
 
@@ -116,6 +114,7 @@ __all__ = [
     "AppliedControl",
     "Flux2ControlNet",
     "EXTRAPOLATION_BASE",
+    "EXTRAPOLATION_METHODS",
     "KV_AND_EXTRAPOLATION",
     "PositionExtrapolation",
     "position_extrapolation",
@@ -222,4 +221,9 @@ __all__ = [
     "sample_fill",
     "streamer_of",
     "text_encoder_spec_for",
+    "TILE_OVERLAP",
+    "TILE_SIZE",
+    "TiledRefine",
+    "tiled_memory",
+    "tiled_refine",
 ]

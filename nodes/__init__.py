@@ -7,6 +7,7 @@ the LoRA loader is klein's only and keeps "[klein]" in its name."""
 from .controlnet import Flux2DevApplyControlNet, Flux2DevControlNetLoader
 from .decode import Flux2KleinDecode
 from .editing import Flux2KleinComposite, Flux2KleinEncode, Flux2KleinInpaintPrepare, Flux2KleinOutpaintPad
+from .extrapolation import Flux2KleinPositionExtrapolation
 from .fill import Flux1FillDecode, Flux1FillSampler, Flux1FillTextEncode
 from .fill_loaders import Flux1FillModelLoader, Flux1FillTextEncoderLoader, Flux1FillVAELoader
 from .host import plain_error_names
@@ -39,6 +40,7 @@ NODES: list[type[io.ComfyNode]] = [
     Flux2KleinToNativeModel,
     Flux2KleinToNativeConditioning,
     Flux2KleinFromNativeConditioning,
+    Flux2KleinPositionExtrapolation,
     Flux1FillModelLoader,
     Flux1FillTextEncoderLoader,
     Flux1FillVAELoader,

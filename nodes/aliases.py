@@ -33,6 +33,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "Flux2KleinToNativeModel": (*KLEIN, "native", "model", "bridge", "ksampler"),
     "Flux2KleinToNativeConditioning": (*KLEIN, "native", "conditioning", "bridge", "reference latent"),
     "Flux2KleinFromNativeConditioning": (*KLEIN, "native", "conditioning", "bridge", "clip text encode"),
+    "Flux2KleinPositionExtrapolation": (*KLEIN, "dype", "high resolution", "hi-res", "4k", "upscale",
+                                        "rope", "ntk", "yarn", "高分辨率"),
     "Flux1FillModelLoader": (*FILL, "load diffusion model", "inpaint", "outpaint"),
     "Flux1FillTextEncoderLoader": (*FILL, "dual clip loader", "t5", "clip l"),
     "Flux1FillVAELoader": (*FILL, "load vae", "ae"),

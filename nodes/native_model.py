@@ -49,6 +49,7 @@ from . import host
 from .types import REFERENCE_STRENGTHS, REGIONAL_PROMPT
 
 WRAPPER_KEY = "flux2_klein"
+EXTRAPOLATION_OPTION = "flux2_position_extrapolation"  # transformer option: a PositionExtrapolation or None
 
 
 class NativeDiT(torch.nn.Module):
@@ -93,7 +94,10 @@ class NativeDiT(torch.nn.Module):
         kv = None
         if ref_latents and model.variant.kv_cache:
             kv = self._reference_kv(model, ref_latents)
-        return latent_velocity(model, x, timestep, context, ref_latents or None, guidance, kv, bias, mask)
+        extrapolation = transformer_options.get(EXTRAPOLATION_OPTION)  # FLUX.2 Position Extrapolation's
+        return latent_velocity(
+            model, x, timestep, context, ref_latents or None, guidance, kv, bias, mask, extrapolation
+        )
 
     def _regional(self, model, regions, x):
         """(the joined prompts for ``x``'s batch, the regional mask at ``x``'s latent size), built once per

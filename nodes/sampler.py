@@ -13,6 +13,8 @@ from dataclasses import replace
 import torch
 
 from ..flux2_core import (
+    EXTRAPOLATION_BASE,
+    EXTRAPOLATION_METHODS,
     FLUX2,
     MAX_BATCH,
     MAX_GUIDANCE,
@@ -35,6 +37,7 @@ from ..flux2_core import (
     latent_mask,
     sample,
 )
+from ..flux2_core import position_extrapolation as extrapolation_setting
 from . import convert, host, sockets, types
 from .aliases import search_aliases
 from .sockets import io
@@ -70,6 +73,15 @@ TOOLTIPS = {
     "so a new prompt or seed with the same references skips the reference pass (same output as without). "
     "off: compute every run.",
     "step_cache": STEP_CACHE_HELP,
+    "sigmas": "Optional: a schedule from a native node (ManualSigmas, BasicScheduler, Flux2Scheduler, ...), "
+    "run as given instead of this sampler's own: steps becomes the list's steps (a final 0 is added when "
+    "missing) and denoise below 1 skips the list's first steps. Values from 1 down to 0, each below the one "
+    "before.",
+    "position_extrapolation": "For images past extrapolation_base on a side (4 MP and beyond): dype moves "
+    "the image's RoPE frequencies per axis as the noise falls (DyPE), so one pass keeps the layout of a "
+    "picture larger than the model was trained on. off, or an image within the base: today's output exactly.",
+    "extrapolation_base": "Pixels per side the model handles natively (klein: 2048, trained to about 4 MP); "
+    "only longer sides are extrapolated.",
 }
 
 
@@ -136,6 +148,25 @@ class Flux2KleinSampler(io.ComfyNode):
                     max=MAX_STEP_CACHE,
                     step=0.01,
                 ),  # fmt: skip
+                io.Combo.Input(
+                    "position_extrapolation",
+                    options=list(EXTRAPOLATION_METHODS),
+                    optional=True,
+                    advanced=True,
+                    tooltip=TOOLTIPS["position_extrapolation"],
+                    default="off",
+                ),  # fmt: skip
+                io.Int.Input(
+                    "extrapolation_base",
+                    optional=True,
+                    advanced=True,
+                    tooltip=TOOLTIPS["extrapolation_base"],
+                    default=EXTRAPOLATION_BASE,
+                    min=256,
+                    max=MAX_SIZE,
+                    step=SIZE_MULTIPLE,
+                ),  # fmt: skip
+                io.Sigmas.Input("sigmas", optional=True, tooltip=TOOLTIPS["sigmas"]),
             ],
             outputs=[
                 io.Latent.Output(
@@ -177,6 +208,9 @@ class Flux2KleinSampler(io.ComfyNode):
         denoise: float = 1.0,
         kv_cache: str = "reuse",
         step_cache: float = 0.0,
+        position_extrapolation: str = "off",
+        extrapolation_base: int = EXTRAPOLATION_BASE,
+        sigmas=None,
     ) -> io.NodeOutput:
         pending = positive.control
         by_control = None if pending is None else control_output_size(pending.control, pending.image)
@@ -184,6 +218,8 @@ class Flux2KleinSampler(io.ComfyNode):
             width, height, batch_size, references, latent, by_control
         )
         settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
+        if sigmas is not None:  # a native schedule, as given: its length sets the steps
+            settings = settings.with_sigmas(sigmas)
         cache_rule = StepCache(step_cache)  # checked before anything is loaded
         grid = (height // SIZE_MULTIPLE, width // SIZE_MULTIPLE)
         noise_mask = latent.get("noise_mask") if isinstance(latent, dict) else None
@@ -210,6 +246,7 @@ class Flux2KleinSampler(io.ComfyNode):
             mask=mask,
             step_cache=cache_rule,
             control=control,
+            extrapolation=extrapolation_setting(position_extrapolation, extrapolation_base),
         )
         net = control.net if control is not None else None
         required = estimate_memory(model.core, settings, references, positive.regions, net)
@@ -224,7 +261,8 @@ class Flux2KleinSampler(io.ComfyNode):
             check_fits(required, device, what, advice, free=host.free_memory(device))
         with host.out_of_memory(what, advice):
             reference_kv = cls._reference_kv(model.core, references, kv_cache)
-            samples = sample(replace(request, kv_cache=reference_kv, callback=host.step_reporter(steps)))
+            report = host.step_reporter(settings.steps)
+            samples = sample(replace(request, kv_cache=reference_kv, callback=report))
         out = {"samples": samples.to(host.intermediate_device())}
         if noise_mask is not None:  # kept, as native samplers keep it, for a second (refining) pass
             out["noise_mask"] = noise_mask

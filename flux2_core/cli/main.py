@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ..configs import VARIANTS
+from ..dit.extrapolation import DEFAULT_BASE as EXTRAPOLATION_BASE
 from ..errors import Flux2Error, OutOfMemory
 from ..weights.hub import DEFAULT_MODEL
 from ..weights.kitchen import MODES as QUANT_COMPUTE
@@ -110,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--height", type=int, default=None)
     gen.add_argument("--steps", type=int, default=None, help="default: 4 distilled / kv, 50 base, dev, Fill")
     gen.add_argument(
+        "--sigmas", default=None, metavar="LIST",
+        help="a schedule run as given instead of the model's own, e.g. \"1.0, 0.75, 0.5, 0.25, 0\" (a final "
+        "0 is added when missing; the steps are the list's; FLUX.2 models)",
+    )  # fmt: skip
+    gen.add_argument(
         "--guidance",
         type=float,
         default=None,
@@ -155,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--step-cache", type=float, default=0.0, metavar="THRESHOLD",
         help="First-Block Cache: skip the blocks after the first on steps whose first block changes the "
         "image as the last full step's did (0: off, the default; try 0.05-0.2 for 50-step models)",
+    )  # fmt: skip
+    gen.add_argument(
+        "--dype", action="store_true",
+        help="position extrapolation (DyPE) for sides past --dype-base: one pass at 4 MP and beyond",
+    )  # fmt: skip
+    gen.add_argument(
+        "--dype-base", type=int, default=EXTRAPOLATION_BASE, metavar="PX",
+        help=f"with --dype: pixels per side the model handles natively (default {EXTRAPOLATION_BASE})",
     )  # fmt: skip
     gen.add_argument(
         "--parallel", default=None, choices=["tensor", "sequence"],

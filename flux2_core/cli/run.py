@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from ..configs import FLUX2, Flux2Config, Variant, describe
 from ..devices.streaming import disable_streaming, enable_streaming, streamed_device_bytes
+from ..dit.extrapolation import position_extrapolation
 from ..dit.files import DIT_SPEC, transformer_variant
 from ..dit.step_cache import check_threshold
 from ..dit.transformer import REGIONS_AND_REFERENCES, Flux2Model, compile_blocks
@@ -78,6 +79,7 @@ class Request:
     regions: list = field(default_factory=list)  # (prompt, mask [H, W]) of each --region
     control: tuple | None = None  # --controlnet: cli.control.ControlInputs (map, mask, picture)
     context: torch.Tensor | None = None  # its control context at the output size, once the VAE has run
+    extrapolation: object = None  # --dype: dit.extrapolation.PositionExtrapolation
 
 
 @dataclass
@@ -118,6 +120,13 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
             raise Flux2Error(
                 f"--{name} {getattr(args, name)} is not a size: give a multiple of 16, or leave it out"
             )
+    if args.sigmas is not None and (fill or args.steps is not None):
+        raise Flux2Error(
+            "--sigmas is for FLUX.2 models: FLUX.1 Fill [dev] runs its own schedule"
+            if fill
+            else f"--sigmas sets the steps (its values less one): leave --steps {args.steps} out"
+        )
+    inputs.sigma_list(args.sigmas)  # refused by name before anything is read
     # the numbers first: nothing is resolved or downloaded for a request that cannot run
     check_request(
         args.width or 1024,
@@ -159,11 +168,14 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
             regions, (height // FLUX2.size_multiple, width // FLUX2.size_multiple), bool(args.prompt)
         )
     check_threshold(args.step_cache)  # before anything is read
+    if fill and args.dype:
+        raise Flux2Error("--dype is for FLUX.2 models: FLUX.1 Fill [dev] has no position extrapolation")
+    extrapolation = position_extrapolation("dype" if args.dype else "off", args.dype_base)
     if not fill and args.resident_mb < 0:
         raise Flux2Error(f"--resident-mb {args.resident_mb} is negative: give 0 (stream every block) or more")
     return Request(
         args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles, strengths, regions,
-        control,
+        control, extrapolation=extrapolation,
     )  # fmt: skip
 
 
@@ -201,6 +213,8 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     steps = variant.default_steps if args.steps is None else args.steps
     guidance = variant.default_guidance if args.guidance is None else args.guidance
     settings = SampleSettings(width, height, steps, guidance, args.seed, args.batch_size)
+    if args.sigmas is not None:  # a schedule as given: its length sets the steps
+        settings = settings.with_sigmas(inputs.sigma_list(args.sigmas))
     settings.check()
     te_spec = text_encoder_spec_for(text_encoder)
     te_shape, te_bytes, _ = weight_bytes(te_spec, text_encoder, dtype)
@@ -339,6 +353,7 @@ def sample_prompts(request, plan, model, conditioning, references, start, mask, 
                 kv_cache=kv_cache,
                 step_cache=args.step_cache,
                 control=control,
+                extrapolation=request.extrapolation,
             )
             results.append(sample(run))
     if args.offload == "stream":
