@@ -20,6 +20,7 @@ from .requirements import report_missing_packages
 from .sampler import Flux2KleinSampler
 from .sockets import ComfyExtension, io
 from .text_encode import Flux2KleinTextEncode
+from .tiled_refine import Flux2KleinTiledRefine
 
 NODES: list[type[io.ComfyNode]] = [
     Flux2KleinModelLoader,
@@ -31,6 +32,7 @@ NODES: list[type[io.ComfyNode]] = [
     Flux2DevControlNetLoader,
     Flux2DevApplyControlNet,
     Flux2KleinSampler,
+    Flux2KleinTiledRefine,
     Flux2KleinDecode,
     Flux2KleinEncode,
     Flux2KleinInpaintPrepare,

@@ -24,6 +24,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
                                 "canny", "控制网"),
     "Flux2KleinSampler": (*KLEIN, "ksampler", "sampler", "generate", "text to image", "txt2img", "edit",
                           "img2img", "采样器"),
+    "Flux2KleinTiledRefine": (*KLEIN, "upscale", "tiled upscale", "ultimate sd upscale", "tiled diffusion",
+                              "refine", "hi-res fix", "4k", "放大", "高清修复"),
     "Flux2KleinDecode": (*KLEIN, "vae decode", "decode", "tiled decode", "解码"),
     "Flux2KleinEncode": (*KLEIN, "vae encode", "encode", "img2img", "编码"),
     "Flux2KleinInpaintPrepare": (*KLEIN, "inpaint", "mask", "inpaint crop", "局部重绘"),
