@@ -16,6 +16,7 @@ from PIL import Image, ImageOps
 
 from ..configs import FLUX2
 from ..errors import Flux2Error
+from ..flow import given_sigmas
 from ..limits import GB, check_fits
 from ..lora import read_lora
 from ..steering.reference_strength import ReferenceStrength
@@ -273,6 +274,22 @@ def read_loras(values: list[str]) -> list[tuple[object, float]]:
             raise Flux2Error(f"--lora {value}: {path} is not a file: give the path of a LoRA .safetensors")
         loras.append((read_lora(path), strength))
     return loras
+
+
+def sigma_list(text: str | None) -> tuple[float, ...] | None:
+    """``--sigmas "1.0,0.6509,...,0"`` -> the schedule as given (``flow.given_sigmas``), None without it."""
+    if text is None:
+        return None
+    values = []
+    for item in text.replace(",", " ").split():
+        try:
+            values.append(float(item))
+        except ValueError:
+            raise Flux2Error(
+                f"--sigmas {text!r}: {item!r} is not a number; give the sigmas separated by commas, e.g. "
+                '--sigmas "1.0, 0.75, 0.5, 0.25, 0"'
+            ) from None
+    return given_sigmas(values, "--sigmas")
 
 
 def read_regions(values: list[list[str]]) -> list[tuple[str, torch.Tensor]]:

@@ -2,6 +2,7 @@
 the wrong pairings refused before a weight is read, and ``torchrun --nproc-per-node 2 ... --parallel
 tensor|sequence`` (gloo on the CPU) writing the single-process image from rank 0 alone."""
 
+import logging
 import os
 import socket
 import subprocess
@@ -121,8 +122,6 @@ def test_torchrun_two_processes_write_the_single_process_image(files, tmp_path, 
 def test_a_dev_lora_from_the_command_line_is_the_core_run_with_it(files, tmp_path, caplog):
     """``--lora FILE:S`` on dev: a fal-trainer file on the guidance embedder, a block and the final layer's
     modulation; the image is the core's sample with the same LoRA, and its report is logged."""
-    import logging
-
     import torch
     from safetensors.torch import save_file
     from tiny_dit import bfl_state_dict
@@ -153,6 +152,41 @@ def test_a_dev_lora_from_the_command_line_is_the_core_run_with_it(files, tmp_pat
     plain = tmp_path / "plain.png"
     assert main(_argv(files, plain)) == 0
     assert np.abs(_pixels(plain) - _pixels(out)).mean() > 1  # the LoRA reaches the image
+
+
+TURBO = "1.0, 0.6509, 0.4374, 0.2932, 0.1893, 0.1108, 0.0495, 0.00031"  # fal's Turbo list (model card)
+
+
+def test_sigmas_run_as_given_as_the_core_does(files, tmp_path, caplog):
+    out = tmp_path / "sigmas.png"
+    argv = [a for a in _argv(files, out) if a not in ("--steps", str(STEPS))]
+    with caplog.at_level(logging.INFO):
+        assert main([*argv, "--sigmas", TURBO, "--guidance", "2.5"]) == 0
+    model = load_transformer(files["dev"])
+    conditioning = load_text_encoder(files["mistral"]).encode([PROMPT])
+    settings = SampleSettings(80, 64, 1, 2.5, SEED).with_sigmas([float(v) for v in TURBO.split(",")])
+    assert settings.steps == 8 and settings.schedule()[-1] == 0.0
+    latents = sample(SampleRequest(model, conditioning, settings))
+    pixels = load_vae(files["vae"]).decode(latents)
+    expected = ((pixels[0].clamp(-1, 1) + 1) * 127.5).round().permute(1, 2, 0).numpy().astype(int)
+    assert np.array_equal(_pixels(out), expected) and "8 steps, guidance 2.5" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "value, extra, message",
+    [
+        ("1.0", (), "give at least two values"),
+        ("1.0, 0.5, 0.7", (), "not decreasing (0.5 then 0.7)"),
+        ("1.5, 0.5", (), "1.5 is outside [0, 1]"),
+        ("1.0, half", (), "'half' is not a number"),
+        ("1.0, 0.5", ("--steps", "4"), "--sigmas sets the steps"),
+    ],
+)
+def test_bad_sigmas_are_refused_before_loading(files, tmp_path, caplog, value, extra, message):
+    out = tmp_path / "x.png"
+    argv = [a for a in _argv(files, out) if a not in ("--steps", str(STEPS))]
+    assert main([*argv, "--sigmas", value, *extra]) == 2
+    assert message in caplog.text and not out.exists()
 
 
 def test_dev_takes_up_to_ten_references(files, tmp_path, caplog):

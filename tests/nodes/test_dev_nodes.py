@@ -83,3 +83,27 @@ def test_the_lora_loader_applies_a_dev_lora_as_the_core_does(nodes, dev, loaded,
     assert (with_lora["samples"] - plain["samples"]).abs().max() > 1e-3
     with pytest.raises(Flux2Error, match="is a FLUX.2 \\[dev\\] LoRA \\(it has the guidance embedder"):
         nodes["Flux2KleinLoraLoader"].execute(loaded["model"], "tiny_dev_lora.safetensors", 1.0)
+
+
+@pytest.mark.parametrize("family", ["dev", "klein"])
+def test_the_sampler_sigmas_input_runs_the_list_as_the_command_line_does(
+    nodes, dev, loaded, pack, host, family
+):
+    """A native SIGMAS tensor (ManualSigmas gives float32) replaces the schedule and the steps; the settings
+    equal the command line's ``--sigmas`` for the same text, and the latents the core's run with them."""
+    from flux2_core.cli.inputs import sigma_list  # the command line's parsing (plain floats out)
+
+    core = core_module(pack)
+    text = "1.0, 0.6509, 0.4374, 0.2932, 0.1893, 0.1108, 0.0495, 0.00031"
+    sigmas = torch.tensor([float(v) for v in text.split(",")], dtype=torch.float32)
+    models = dev if family == "dev" else loaded
+    args = dict(model=models["model"], positive=models["positive"], seed=5, steps=28, guidance=2.5, width=64,
+                height=64, batch_size=1)  # fmt: skip
+    (out,) = nodes["Flux2KleinSampler"].execute(**args, sigmas=sigmas)
+    settings = core.SampleSettings(64, 64, 28, 2.5, 5, 1).with_sigmas(sigmas)
+    assert settings == core.SampleSettings(64, 64, 1, 2.5, 5, 1).with_sigmas(sigma_list(text))
+    expected = core.sample(core.SampleRequest(models["model"].core, models["positive"].embeds, settings))
+    assert torch.equal(out["samples"], expected)
+    assert [t for _, t, _ in host.progress] == [8] * 8  # the list's 8 steps, not the widget's 28
+    (own,) = nodes["Flux2KleinSampler"].execute(**{**args, "steps": 8})
+    assert not torch.equal(own["samples"], out["samples"])
