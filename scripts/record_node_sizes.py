@@ -3,7 +3,8 @@
     python scripts/record_node_sizes.py --url http://127.0.0.1:8188   # a running ComfyUI with this pack
 
 The editor enlarges a node to the room its inputs and widgets need (every optional widget shown, advanced ones
-included), whatever size the file stores. The builder lays the bundled workflows out with these sizes, so no
+included), whatever size the file stores; ``--merge`` keeps the larger of two editor versions' sizes.
+The builder lays the bundled workflows out with these sizes, so no
 node hides another once drawn (``workflow_builder/node_sizes.json``). Needs ``playwright`` and a Chromium;
 the integration tests check the recorded sizes against the editor the server serves
 (tests/integration/test_frontend.py).
@@ -53,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         sizes = measure(page)
         version = page.evaluate("() => window.__COMFYUI_FRONTEND_VERSION__ ?? null")
         browser.close()
+    if args.merge and SIZES_FILE.exists():
+        before = json.loads(SIZES_FILE.read_text(encoding="utf-8"))
+        for node_type, (w, h) in before["sizes"].items():
+            mine = sizes.get(node_type, [0, 0])
+            sizes[node_type] = [max(w, mine[0]), max(h, mine[1])]
+        versions = sorted(set(filter(None, str(before.get("frontend") or "").split(", "))) | {version})
+        version = ", ".join(versions)
     rows = ",\n".join(f"    {json.dumps(k)}: {json.dumps(sizes[k])}" for k in sorted(sizes))
     SIZES_FILE.write_text(
         f'{{\n  "frontend": {json.dumps(version)},\n  "sizes": {{\n{rows}\n  }}\n}}\n', encoding="utf-8"

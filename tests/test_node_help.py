@@ -91,3 +91,22 @@ def test_comfyui_serves_the_pages_from_the_web_directory():
     assert 'WEB_DIRECTORY = "./web"' in source
     assert (REPO / "web" / "docs" / "Flux2KleinSampler.md").is_file()
     assert not list((REPO / "web").rglob("*.js")), "a .js file in web/ is loaded as a frontend extension"
+
+
+def test_every_template_card_has_its_thumbnail_and_the_section_its_name():
+    # the template browser asks for /api/workflow_templates/<pack folder>/<name>.jpg (made in the real editor by
+    # scripts/frontend_pictures.py) and names the pack's section by templateWorkflows.category.<folder> in the
+    # editor's locale
+    from PIL import Image
+
+    workflows = REPO / "workflows"
+    names = sorted(p.stem for p in workflows.glob("*.json"))
+    assert sorted(p.stem for p in workflows.glob("*.jpg")) == names
+    for name in names:
+        with Image.open(workflows / f"{name}.jpg") as picture:
+            assert picture.format == "JPEG" and picture.size == (800, 600), name
+            assert len(set(picture.convert("L").resize((40, 30)).getdata())) > 8, f"{name}.jpg is blank"
+    for lang in ("en", "zh"):
+        main = json.loads((REPO / "locales" / lang / "main.json").read_text(encoding="utf-8"))
+        assert main["templateWorkflows"]["category"]["comfyui-flux2-klein"] == "FLUX.2 [klein]", lang
+        assert main["nodeCategories"]["flux2_klein"] == "FLUX.2 [klein]", lang

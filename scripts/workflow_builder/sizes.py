@@ -33,6 +33,7 @@ MEASURE = """(types) => {
     const sizes = {};
     for (const type of types) {
         const node = window.LiteGraph.createNode(type);
+        if (!node) continue;  // a type this server does not have
         window.app.graph.add(node);
         const [w, h] = node.computeSize();
         sizes[type] = [Math.ceil(w), Math.ceil(h)];
