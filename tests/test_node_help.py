@@ -94,9 +94,9 @@ def test_comfyui_serves_the_pages_from_the_web_directory():
 
 
 def test_every_template_card_has_its_thumbnail_and_the_section_its_name():
-    # the template browser asks for /api/workflow_templates/<pack folder>/<name>.jpg (made in the real editor by
-    # scripts/frontend_pictures.py) and names the pack's section by templateWorkflows.category.<folder> in the
-    # editor's locale
+    # the template browser asks for /api/workflow_templates/<pack folder>/<name>.jpg (made in the real editor
+    # by scripts/frontend_pictures.py) and names the pack's section by templateWorkflows.category.<folder> in
+    # the editor's locale
     from PIL import Image
 
     workflows = REPO / "workflows"
