@@ -104,7 +104,8 @@ def doc_of(node_id: str, node_class, display_name: str) -> NodeDoc:
     names = getattr(node_class, "RETURN_NAMES", None) or node_class.RETURN_TYPES
     tooltips = getattr(node_class, "OUTPUT_TOOLTIPS", None) or [None] * len(names)
     outputs = tuple((n, t, tip or "") for n, t, tip in zip(names, node_class.RETURN_TYPES, tooltips))
-    return NodeDoc(node_id, display_name, node_class.CATEGORY, node_class.DESCRIPTION or "", tuple(inputs), outputs)
+    description = node_class.DESCRIPTION or ""
+    return NodeDoc(node_id, display_name, node_class.CATEGORY, description, tuple(inputs), outputs)
 
 
 def load_pack():
