@@ -104,6 +104,13 @@ FILES = {
                   "alibaba-pai/FLUX.2-dev-Fun-Controlnet-Union", DEV_NC, 8.23,
                   "the FLUX.2 [dev] Fun ControlNet Union: pose, depth, canny, HED, MLSD, scribble, gray, "
                   "inpaint"),
+        # fal's FLUX.2-dev-Turbo LoRA (8 steps), its ComfyUI conversion in the repo's comfy/ folder; the size
+        # is a third-party manifest's 2,760,814,880 bytes (not checked here). fal's diffusers file,
+        # flux.2-turbo-lora.safetensors at the repo's root, loads in the LoRA Loader too.
+        ModelFile("Flux_2-Turbo-LoRA_comfyui.safetensors", "loras",
+                  f"{HF}/fal/FLUX.2-dev-Turbo/resolve/main/comfy/Flux_2-Turbo-LoRA_comfyui.safetensors",
+                  "fal/FLUX.2-dev-Turbo", DEV_NC, 2.76,
+                  "fal's FLUX.2 [dev] Turbo LoRA: 8 steps instead of 50, guidance 2.5, its own sigma list"),
         # The RefControl depth LoRA for klein 4B base (thedeoxen's): 92,426,784 bytes as published.
         ModelFile("flux2_klein_4b_refcontrol_depth.safetensors", "loras",
                   f"{HF}/thedeoxen/refcontrol-FLUX.2-klein-4B-reference-depth-lora/resolve/main/"
