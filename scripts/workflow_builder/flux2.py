@@ -42,6 +42,11 @@ def build(r: Recipe) -> Graph:
     control = _control(g, r, vae, positive) if r.control else None
     if control is not None:
         positive = control
+    tiles = {"tile_size": r.decode_tile, "tile_overlap": 64} if r.decode_tile else AUTO_TILES
+    if r.mode is Mode.UPSCALE:
+        refine = _upscale(g, r, model, positive, negative, vae)
+        finish(g, "Flux2KleinDecode", vae, refine, None, "flux2_klein", note(r), tiles)
+        return g
     if r.sampling is not Sampling.OURS:
         sampler = _native_sampling(g, r, model, positive, negative)
         finish(g, "Flux2KleinDecode", vae, sampler, None, "flux2_klein", note(r))
@@ -51,7 +56,8 @@ def build(r: Recipe) -> Graph:
     if refs is not None and stitch is None:
         g.connect(refs, sampler, "references")
     prefix = "flux2_dev" if r.family is Family.DEV else "flux2_klein"
-    finish(g, "Flux2KleinDecode", vae, sampler, None if stitch is None else (stitch, 2), prefix, note(r))
+    stitched = None if stitch is None else (stitch, 2)
+    finish(g, "Flux2KleinDecode", vae, sampler, stitched, prefix, note(r), tiles)
     return g
 
 
@@ -174,7 +180,8 @@ def _control(g: Graph, r: Recipe, vae: Node, positive: Node) -> Node:
 
 def _sampler(g: Graph, r: Recipe, model: Node, positive: Node, negative: Node | None) -> Node:
     values = {"seed": SEED, "steps": r.steps, "guidance": r.guidance, "width": r.width, "height": r.height,
-              "batch_size": 1, "denoise": r.denoise, "kv_cache": "reuse", "step_cache": 0.0}  # fmt: skip
+              "batch_size": 1, "denoise": r.denoise, "kv_cache": "reuse", "step_cache": 0.0,
+              "position_extrapolation": r.position_extrapolation, "extrapolation_base": 2048}  # fmt: skip
     sampler = g.add("Flux2KleinSampler", (X_SAMPLE, 0), (330, 380), values)
     g.connect(model, sampler, "model")
     g.connect(positive, sampler, "positive")
@@ -263,3 +270,23 @@ def _native_sampling(g: Graph, r: Recipe, model: Node, positive: Node, negative:
                          (latent, "latent_image")):  # fmt: skip
         g.connect(source, sampler, name)
     return sampler
+
+
+def _upscale(g: Graph, r: Recipe, model: Node, positive: Node, negative: Node | None, vae: Node) -> Node:
+    """The image enlarged by native Upscale Image By (Lanczos), refined by FLUX.2 Tiled Refine (returned)."""
+    y = _images_top(r)
+    image = load_image(g, y, IMAGE_TITLES[r.mode])
+    values = {"upscale_method": "lanczos", "scale_by": r.upscale}
+    scale = g.add("ImageScaleBy", (X_ENCODE, y), (300, 90), values)
+    g.connect(image, scale, "image")
+    g.group("Image to enlarge", image, scale)
+    values = {"seed": SEED, "steps": r.steps, "denoise": r.denoise, "tile_size": 1024, "tile_overlap": 128,
+              "guidance": r.guidance}  # fmt: skip
+    refine = g.add("Flux2KleinTiledRefine", (X_SAMPLE, 0), (330, 330), values)
+    g.connect(model, refine, "model")
+    g.connect(positive, refine, "positive")
+    g.connect(vae, refine, "vae")
+    g.connect(scale, refine, "image")
+    if negative is not None:
+        g.connect(negative, refine, "negative")
+    return refine

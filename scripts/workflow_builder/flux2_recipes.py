@@ -271,6 +271,55 @@ RECIPES += (
         mode=Mode.OUTPAINT,
         settings=f"{DISTILLED_SETTINGS}\n\nThe output is the padded canvas at its full size.",
     ),
+    Recipe(
+        name="flux2_klein_4b_text_to_image_4mp",
+        title="FLUX.2 [klein] 4B: text to image at 4 megapixels in one pass",
+        summary=(
+            "Text to image at **2048 x 2048** in one pass with the distilled klein 4B model, the sampler's "
+            "`position_extrapolation` on (`dype`) and a tiled decode. klein is trained to about 4 MP, so at "
+            "2048 x 2048 (the default `extrapolation_base`) its positions stay native and the option changes "
+            "nothing; set a side above 2048 (e.g. 2880 x 2048) and DyPE moves the image's RoPE frequencies "
+            "as the noise falls, so the picture keeps one layout instead of repeating."
+        ),
+        **KLEIN_4B,
+        prompt=FOX,
+        width=2048,
+        height=2048,
+        position_extrapolation="dype",
+        decode_tile=1024,
+        settings=(
+            f"{DISTILLED_SETTINGS}\n\nThe schedule shift follows the image's own token count (BFL's "
+            "empirical mu: 3.23 at 2048 x 2048). A 4 MP step holds 16384 image tokens: the sampler checks "
+            "the memory before it starts. *FLUX.2 Decode* decodes in 1024 px tiles (`tile_size`), so the "
+            "decode stays small. To enlarge an existing picture instead, use the upscale workflow."
+        ),
+    ),
+    Recipe(
+        name="flux2_klein_4b_upscale_2x",
+        title="FLUX.2 [klein] 4B: upscale 2x with tiled refinement",
+        summary=(
+            "Enlarges an image 2x (native *Upscale Image By*, Lanczos; an upscale model from *Load Upscale "
+            "Model* + *Upscale Image (using Model)* works in its place) and refines it with **FLUX.2 Tiled "
+            "Refine**: one canvas and one noise field; at every step each 1024 px tile is denoised with its "
+            "own window of the enlarged image as reference, and the tiles' velocities are blended where they "
+            "overlap before the step. No seams to hide and no colour matching: every tile is steered by the "
+            "image's own pixels. Load your picture in *Image to enlarge*."
+        ),
+        **KLEIN_4B,
+        prompt="A sharp, detailed photograph, natural textures, fine detail.",
+        width=0,
+        height=0,
+        mode=Mode.UPSCALE,
+        denoise=0.35,
+        decode_tile=1024,
+        settings=(
+            f"{DISTILLED_SETTINGS}\n\n**denoise** 0.2-0.4 adds detail and keeps the picture (0 returns it "
+            "unchanged); higher values repaint more. Describe the look, not objects: the prompt reaches "
+            "every tile. `tile_size` 1024 (klein's native size, a multiple of 16) and `tile_overlap` 128 (at "
+            "most half a tile) set the tiles; one tile covering the image is plain img2img with the image as "
+            "reference. The refined latent is decoded in 1024 px tiles."
+        ),
+    ),
 )
 
 

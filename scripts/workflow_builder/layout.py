@@ -22,6 +22,7 @@ IMAGE_TITLES = {
     Mode.IMG2IMG: "Image to start from",
     Mode.INPAINT: "Image to inpaint (paint the mask in the editor)",
     Mode.OUTPAINT: "Image to extend",
+    Mode.UPSCALE: "Image to enlarge",
 }
 # The rows of the load column below the models: one per reference image, then the image to edit.
 Y_IMAGES, IMAGE_ROW = 520, 460
@@ -72,10 +73,12 @@ def outpaint_pad(g: Graph, image: Node, y: int) -> Node:
     return pad
 
 
-def finish(g: Graph, decode_type: str, vae: Node, sampler: Node, stitch, prefix: str, note: str) -> None:
+def finish(
+    g: Graph, decode_type: str, vae: Node, sampler: Node, stitch, prefix: str, note: str, tiles=AUTO_TILES
+) -> None:
     """Decode the sampler's latent, composite it over the original when ``stitch`` = (node, slot) gives an
     inpaint's stitch, save under ``prefix``, group it all as "Generate", and add the note."""
-    decode = g.add(decode_type, (X_DECODE, 0), (260, 120), dict(AUTO_TILES))
+    decode = g.add(decode_type, (X_DECODE, 0), (260, 120), dict(tiles))
     g.connect(vae, decode, "vae")
     g.connect(sampler, decode, "latent")
     result, generate = decode, [sampler, decode]

@@ -19,6 +19,7 @@ class Mode(_Named):
     IMG2IMG = "img2img"  # an image, partly noised (denoise < 1)
     INPAINT = "inpaint"  # an image and its mask (the transparent pixels)
     OUTPAINT = "outpaint"  # an image padded by FLUX.2 Outpaint Pad
+    UPSCALE = "upscale"  # an image enlarged (Lanczos), refined by FLUX.2 Tiled Refine
 
 
 class Family(_Named):
@@ -67,3 +68,6 @@ class Recipe:
     # With Mode.INPAINT the image and its mask also feed the control net's inpaint mode.
     control: str | None = None
     control_strength: float = 0.75
+    position_extrapolation: str = "off"  # the sampler's option (off / dype)
+    decode_tile: int = 0  # FLUX.2 Decode's tile_size (0: tiles only what does not fit)
+    upscale: float = 2.0  # Mode.UPSCALE: the Lanczos factor before the tiled refine

@@ -170,6 +170,13 @@ NATIVE_SPECS: dict[str, NodeSpec] = {
         outputs=(("MASK", "MASK"),),
     ),
     "InvertMask": NodeSpec("Invert Mask", inputs=(Socket("mask", "MASK"),), outputs=(("MASK", "MASK"),)),
+    # enlarging an image (the upscale workflow)
+    "ImageScaleBy": NodeSpec(
+        "Upscale Image By",
+        inputs=(Socket("image", "IMAGE"),),
+        widgets=(Widget("upscale_method", "COMBO"), Widget("scale_by", "FLOAT")),
+        outputs=(("IMAGE", "IMAGE"),),
+    ),
     # native sampling (the native-sampler workflows)
     "BasicGuider": NodeSpec(
         "Basic Guider",

@@ -89,6 +89,11 @@ NATIVE.update({  # masks, in the regional-prompt workflow
                       "widgets": ["x", "y", "operation"], "outputs": ["MASK"]},
     "InvertMask": {"inputs": {"mask": ("MASK", True)}, "widgets": [], "outputs": ["MASK"]},
 })  # fmt: skip
+NATIVE["ImageScaleBy"] = {  # the upscale workflow's Lanczos enlargement
+    "inputs": {"image": ("IMAGE", True)},
+    "widgets": ["upscale_method", "scale_by"],
+    "outputs": ["IMAGE"],
+}
 FRONTEND_ONLY = {"MarkdownNote": {"widgets": ["text"]}, "Note": {"widgets": ["text"]}}
 SCHEMAS = {**CONTRACT, **NATIVE}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
@@ -106,12 +111,14 @@ KLEIN_NAMES = [
     "flux2_klein_4b_inpaint",
     "flux2_klein_4b_outpaint",
     "flux2_klein_4b_lora",
+    "flux2_klein_4b_text_to_image_4mp",
 ]
 DEV_NAMES = ["flux2_dev_text_to_image", "flux2_dev_multi_reference_edit"]
 FILL_NAMES = ["flux1_fill_inpaint", "flux1_fill_outpaint"]
 NATIVE_SAMPLING_NAMES = ["flux2_klein_4b_native_sampler", "flux2_klein_4b_native_easycache"]
 CONTROL_NAMES = ["flux2_dev_controlnet_pose", "flux2_dev_controlnet_inpaint"]  # the Fun ControlNet on dev
-NAMES = KLEIN_NAMES + DEV_NAMES + FILL_NAMES + NATIVE_SAMPLING_NAMES + CONTROL_NAMES
+UPSCALE_NAMES = ["flux2_klein_4b_upscale_2x"]  # FLUX.2 Tiled Refine, no sampler
+NAMES = KLEIN_NAMES + DEV_NAMES + FILL_NAMES + NATIVE_SAMPLING_NAMES + CONTROL_NAMES + UPSCALE_NAMES
 SAMPLERS = ("Flux2KleinSampler", "Flux1FillSampler")
 
 
@@ -363,12 +370,22 @@ EXPECTED = {
     "flux2_klein_4b_lora": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 1024, 0, False),
     "flux2_klein_4b_multi_reference_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 4, False),
     "flux2_klein_9b_kv_edit": ("flux-2-klein-9b-kv", "qwen_3_8b", "kv", 4, 1.0, 0, 2, False),
-    "flux2_klein_4b_edit_reference_strength": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 2, False),
+    "flux2_klein_4b_edit_reference_strength": (
+        "flux-2-klein-4b",
+        "qwen_3_4b",
+        "distilled",
+        4,
+        1.0,
+        0,
+        2,
+        False,
+    ),
     "flux2_klein_4b_regional_prompt": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 1024, 0, False),
     "flux2_klein_4b_refcontrol_depth": ("flux-2-klein-base-4b", "qwen_3_4b", "base", 50, 4.0, 0, 2, True),
     "flux2_klein_4b_img2img": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_inpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_outpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
+    "flux2_klein_4b_text_to_image_4mp": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 2048, 0, False),
     # FLUX.2 [dev]: 50 steps, guidance 4 embedded, no negative (BFL's and diffusers' defaults)
     "flux2_dev_text_to_image": ("flux2-dev", "mistral_3_small_flux2_bf16", "dev", 50, 4.0, 1024, 0, False),
     "flux2_dev_multi_reference_edit": (
@@ -992,3 +1009,24 @@ def test_the_layout_holds_at_the_sizes_the_editor_draws(name):
                    and box[1] <= nb[1] and nb[3] <= box[3]]  # fmt: skip
         assert inside == members, f"{name}: a node reaches into group {g['title']!r} without being in it"
         assert title_width(g["title"]) < box[2] - box[0], (name, g["title"])
+
+
+def test_the_high_resolution_workflows():
+    """4 MP in one pass: position extrapolation on, a tiled decode. Upscale: Lanczos 2x, then Tiled Refine
+    of the enlarged image with the prompt and the VAE, then a tiled decode."""
+    wf = api("flux2_klein_4b_text_to_image_4mp")
+    sampler = _sampler(wf)
+    assert sampler["inputs"]["position_extrapolation"] == "dype"
+    (save,) = [n for n in wf.values() if n["class_type"] == "SaveImage"]
+    assert _source(wf, save, "images")["inputs"]["tile_size"] == 1024
+    wf = api("flux2_klein_4b_upscale_2x")
+    (refine,) = [n for n in wf.values() if n["class_type"] == "Flux2KleinTiledRefine"]
+    scale = _source(wf, refine, "image")
+    assert scale["class_type"] == "ImageScaleBy" and scale["inputs"]["upscale_method"] == "lanczos"
+    assert scale["inputs"]["scale_by"] == 2.0 and _source(wf, scale, "image")["class_type"] == "LoadImage"
+    assert _source(wf, refine, "positive")["class_type"] == "Flux2KleinTextEncode"
+    assert _source(wf, refine, "vae")["class_type"] == "Flux2KleinVAELoader"
+    assert (refine["inputs"]["tile_size"], refine["inputs"]["tile_overlap"]) == (1024, 128)
+    (save,) = [n for n in wf.values() if n["class_type"] == "SaveImage"]
+    decode = _source(wf, save, "images")
+    assert decode["inputs"]["tile_size"] == 1024 and _source(wf, decode, "latent") is refine
