@@ -43,7 +43,8 @@ try:  # optional: live progress over the websocket
 except ImportError:  # pragma: no cover - depends on the environment
     websocket = None
 
-SAMPLER = ("Flux2KleinSampler", "Flux1FillSampler")  # FLUX.2 [klein], FLUX.1 Fill [dev]
+# FLUX.2 [klein], FLUX.1 Fill [dev], FLUX.2 Tiled Refine (the upscale workflow: its prompt and seed)
+SAMPLER = ("Flux2KleinSampler", "Flux1FillSampler", "Flux2KleinTiledRefine")
 # Native sampling of our model (the native-sampler workflows): the guider holds the prompts, noise the seed
 NATIVE_SAMPLER, NATIVE_NOISE, KSAMPLER = "SamplerCustomAdvanced", "RandomNoise", "KSampler"
 GUIDER_INPUTS = {"CFGGuider": {"positive": "positive", "negative": "negative"},

@@ -470,3 +470,30 @@ def test_native_reference_latents_added_after_ours_count_at_one(comfy):
     got = images(comfy, g)
     assert diff(got["native"], got["ours"]) <= TOLERANCE
     assert np.abs(got["ours"] - got["ours_plain"]).mean() > 1  # the first one's strength reaches the image
+
+
+def test_position_extrapolation_under_native_samplers_is_our_samplers_option(comfy):
+    """FLUX.2 Position Extrapolation on the bridged model, sampled natively (euler, Flux2Scheduler), gives the
+    FLUX.2 Sampler's image with position_extrapolation dype; past the base it differs from the plain one."""
+    size = {"width": 320, "height": 256}  # past a base of 256 px on the width
+    g, ids = base_graph()
+    for name, method in (("ours_dype", "dype"), ("ours_off", "off")):
+        latent = g.add("Flux2KleinSampler", model=[ids["model"], 0], positive=[ids["positive"], 0], seed=SEED,
+                       steps=STEPS, guidance=1.0, batch_size=1, position_extrapolation=method,
+                       extrapolation_base=256, **size)  # fmt: skip
+        g.save(g.add("Flux2KleinDecode", vae=[ids["vae"], 0], latent=[latent, 0]), name)
+    patched = g.add("Flux2KleinPositionExtrapolation", model=[ids["native_model"], 0],
+                    position_extrapolation="dype", extrapolation_base=256)  # fmt: skip
+    latent = g.add(
+        "SamplerCustomAdvanced",
+        noise=[g.add("RandomNoise", noise_seed=SEED), 0],
+        guider=[g.add("BasicGuider", model=[patched, 0], conditioning=[ids["native_positive"], 0]), 0],
+        sampler=[g.add("KSamplerSelect", sampler_name="euler"), 0],
+        sigmas=[g.add("Flux2Scheduler", steps=STEPS, **size), 0],
+        latent_image=[g.add("EmptyFlux2LatentImage", batch_size=1, **size), 0],
+    )
+    g.save(g.add("Flux2KleinDecode", vae=[ids["vae"], 0], latent=[latent, 0]), "native_dype")
+    got = images(comfy, g)
+    assert got["ours_dype"].std() > 20
+    assert diff(got["native_dype"], got["ours_dype"]) <= TOLERANCE
+    assert np.abs(got["ours_dype"] - got["ours_off"]).mean() > 1  # the comparison can fail

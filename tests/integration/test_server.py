@@ -68,6 +68,20 @@ WORKFLOW_RUNS = {
     # FLUX.1 Fill [dev]: 8 of its 50 steps; the output is the original's size (outpaint: the padded canvas)
     "flux1_fill_inpaint": dict(refs=[("masked", 96, 64)], sets=["steps=8"], size=(96, 64)),
     "flux1_fill_outpaint": dict(refs=[(96, 64)], sets=["steps=8"], size=(96 + 256, 64)),
+    # high resolution, patched small: 4 MP's workflow past a lowered extrapolation base (the option runs),
+    # the upscale's tiled refine of a Lanczos canvas (3x here) in 256 px tiles (two tiles, blended)
+    "flux2_klein_4b_text_to_image_4mp": dict(
+        refs=[], sets=["width=320", "height=256", "extrapolation_base=256"], size=(320, 256)
+    ),
+    "flux2_klein_4b_upscale_2x": dict(
+        refs=[(112, 80)],
+        sets=[
+            "ImageScaleBy.scale_by=3.0",
+            "Flux2KleinTiledRefine.tile_size=256",
+            "Flux2KleinTiledRefine.tile_overlap=64",
+        ],
+        size=(336, 240),
+    ),
     # native sampling of our model: size set on the empty latent and the scheduler (NODE.INPUT sets)
     "flux2_klein_4b_native_sampler": dict(refs=[], sets=NATIVE_SIZE, size=(128, 96)),
     "flux2_klein_4b_native_easycache": dict(
