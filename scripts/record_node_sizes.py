@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--url", required=True, help="a running ComfyUI with this pack, e.g. http://127.0.0.1:8188"
     )
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the larger of each recorded size and this editor's"
+    )
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 

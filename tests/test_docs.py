@@ -15,7 +15,7 @@ PAGES = sorted(
     + list((ROOT / "docs").glob("**/*.md"))
 )
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-README_MAX_LINES = 260
+README_MAX_LINES = 270
 
 
 def prose(text: str) -> str:

@@ -187,6 +187,11 @@ def _sampler(g: Graph, r: Recipe, model: Node, positive: Node, negative: Node | 
     g.connect(positive, sampler, "positive")
     if negative is not None:
         g.connect(negative, sampler, "negative")
+    if r.sigmas is not None:  # the schedule as a list, below the prompt
+        sigmas = g.add(
+            "ManualSigmas", (X_ENCODE, 300), (440, 60), {"sigmas": r.sigmas}, title="Schedule (sigmas)"
+        )
+        g.connect(sigmas, sampler, "sigmas")
     return sampler
 
 

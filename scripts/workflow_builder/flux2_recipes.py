@@ -369,6 +369,51 @@ RECIPES += (
         family=Family.DEV,
     ),
     Recipe(
+        name="flux2_dev_lora",
+        title="FLUX.2 [dev]: text to image with a LoRA",
+        summary=(
+            "Text to image with **FLUX.2 [dev]** and a LoRA on top, through the **FLUX.2 LoRA Loader** "
+            "(its report shown: what matched, per module). It reads dev LoRAs from every common trainer: "
+            "ai-toolkit, fal's trainer, musubi-tuner / kohya, diffusers / PEFT, OneTrainer, SimpleTuner, "
+            "LyCORIS LoKr and LoHa, DoRA. Put your LoRA in `models/loras` and pick it in the loader; a klein "
+            "LoRA is refused by name."
+        ),
+        **DEV,
+        prompt=FOX,
+        settings=(
+            f"{DEV_SETTINGS}\n\nLoRA `strength` 1.0 is the trained effect (0 turns it off, negative values "
+            "invert it); `block_strengths` (advanced) scales it per block. Chain LoRA Loaders for several "
+            "LoRAs. A LoRA that also trains the text encoder changes it through the loader's `text_encoder` "
+            "output."
+        ),
+        lora="flux2-dev-lora.safetensors",
+        family=Family.DEV,
+    ),
+    Recipe(
+        name="flux2_dev_turbo",
+        title="FLUX.2 [dev] Turbo: text to image in 8 steps",
+        summary=(
+            "Text to image with **FLUX.2 [dev]** and fal's **FLUX.2-dev-Turbo** LoRA (FLUX.2 [dev] "
+            "non-commercial licence): 8 steps instead of 50, guidance 2.5, on the LoRA's own schedule, given "
+            "as sigmas in *Schedule (sigmas)* (a native ManualSigmas node) wired to the sampler's `sigmas` "
+            "input. `Flux_2-Turbo-LoRA_comfyui.safetensors` (the repository's comfy/ folder) and fal's "
+            "`flux.2-turbo-lora.safetensors` both load."
+        ),
+        **{**DEV, "steps": 8, "guidance": 2.5},
+        prompt=FOX,
+        settings=(
+            "Turbo: **8 steps, guidance 2.5**. The schedule is the model card's sigma list as the card's own "
+            "code runs it: shifted by the image size's mu, here for 1024x1024 "
+            "(`1.0, 0.9474, 0.8825, 0.8003, 0.6928, 0.5462, 0.3347, 0.003, 0`). With sigmas connected the "
+            "sampler's `steps` is not used: the list's length sets the steps. For another size, write that "
+            "size's list (see docs/flux2-dev.md, *LoRAs and the Turbo LoRA*); the card's literal list "
+            "(`1.0, 0.6509, 0.4374, 0.2932, 0.1893, 0.1108, 0.0495, 0.00031, 0`) runs too."
+        ),
+        lora="Flux_2-Turbo-LoRA_comfyui.safetensors",
+        sigmas="1.0, 0.9474, 0.8825, 0.8003, 0.6928, 0.5462, 0.3347, 0.003, 0",
+        family=Family.DEV,
+    ),
+    Recipe(
         name="flux2_klein_4b_native_sampler",
         title="FLUX.2 [klein] 4B in native sampling nodes",
         summary=(

@@ -71,3 +71,5 @@ class Recipe:
     position_extrapolation: str = "off"  # the sampler's option (off / dype)
     decode_tile: int = 0  # FLUX.2 Decode's tile_size (0: tiles only what does not fit)
     upscale: float = 2.0  # Mode.UPSCALE: the Lanczos factor before the tiled refine
+    # a schedule as sigmas (native ManualSigmas into the sampler's sigmas input); None: the sampler's own
+    sigmas: str | None = None

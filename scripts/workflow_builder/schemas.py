@@ -198,6 +198,9 @@ NATIVE_SPECS: dict[str, NodeSpec] = {
     "KSamplerSelect": NodeSpec(
         "KSamplerSelect", widgets=(Widget("sampler_name", "COMBO"),), outputs=(("SAMPLER", "SAMPLER"),)
     ),
+    "ManualSigmas": NodeSpec(
+        "ManualSigmas", widgets=(Widget("sigmas", "STRING"),), outputs=(("SIGMAS", "SIGMAS"),)
+    ),
     "Flux2Scheduler": NodeSpec(
         "Flux2Scheduler",
         widgets=(Widget("steps", "INT"), Widget("width", "INT"), Widget("height", "INT")),

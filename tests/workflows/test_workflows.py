@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -82,6 +83,8 @@ NATIVE.update({  # native sampling, in the native-sampler workflows
     "EasyCache": {"inputs": {"model": ("MODEL", True)},
                   "widgets": ["reuse_threshold", "start_percent", "end_percent", "verbose"],
                   "outputs": ["MODEL"]},
+    # a schedule as a list (the Turbo workflow)
+    "ManualSigmas": {"inputs": {}, "widgets": ["sigmas"], "outputs": ["SIGMAS"]},
 })  # fmt: skip
 NATIVE.update({  # masks, in the regional-prompt workflow
     "SolidMask": {"inputs": {}, "widgets": ["value", "width", "height"], "outputs": ["MASK"]},
@@ -113,7 +116,7 @@ KLEIN_NAMES = [
     "flux2_klein_4b_lora",
     "flux2_klein_4b_text_to_image_4mp",
 ]
-DEV_NAMES = ["flux2_dev_text_to_image", "flux2_dev_multi_reference_edit"]
+DEV_NAMES = ["flux2_dev_text_to_image", "flux2_dev_multi_reference_edit", "flux2_dev_lora", "flux2_dev_turbo"]
 FILL_NAMES = ["flux1_fill_inpaint", "flux1_fill_outpaint"]
 NATIVE_SAMPLING_NAMES = ["flux2_klein_4b_native_sampler", "flux2_klein_4b_native_easycache"]
 CONTROL_NAMES = ["flux2_dev_controlnet_pose", "flux2_dev_controlnet_inpaint"]  # the Fun ControlNet on dev
@@ -262,9 +265,9 @@ def test_loaders_name_their_model_files(name):
                "t5_name": "text_encoders", "clip_name": "text_encoders",
                "control_net_name": "controlnet", "lora_name": "loras"}  # fmt: skip
     # The official BFL repos, Comfy-Org's repackaged ones, those of ComfyUI's author (the FLUX.1 text
-    # encoders of ComfyUI's own templates), the Fun ControlNet's publisher and the RefControl LoRAs'
-    # author, nothing else.
-    orgs = ("Comfy-Org", "black-forest-labs", "comfyanonymous", "alibaba-pai", "thedeoxen")
+    # encoders of ComfyUI's own templates), the Fun ControlNet's publisher, the RefControl LoRAs' author
+    # and the Turbo LoRA's publisher, nothing else.
+    orgs = ("Comfy-Org", "black-forest-labs", "comfyanonymous", "alibaba-pai", "thedeoxen", "fal")
     official = tuple(f"https://huggingface.co/{org}/" for org in orgs)
     note = next(n for n in wf["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
     for node in wf["nodes"]:
@@ -398,6 +401,9 @@ EXPECTED = {
         3,
         False,
     ),
+    "flux2_dev_lora": ("flux2-dev", "mistral_3_small_flux2_bf16", "dev", 50, 4.0, 1024, 0, False),
+    # the Turbo LoRA: 8 steps on its own sigmas (the steps widget says 8; the list sets them), guidance 2.5
+    "flux2_dev_turbo": ("flux2-dev", "mistral_3_small_flux2_bf16", "dev", 8, 2.5, 1024, 0, False),
 }
 EDITING = {"flux2_klein_4b_img2img", "flux2_klein_4b_inpaint", "flux2_klein_4b_outpaint"}
 
@@ -446,15 +452,16 @@ def test_workflow_settings(name):
 def test_dev_workflows_use_comfyuis_devices_and_name_the_fp8_files(name):
     wf = api(name)
     sampler = _sampler(wf)
-    model = _source(wf, sampler, "model")["inputs"]
+    model = _through_loras(wf, sampler, "model")["inputs"]
     assert (model["devices"], model["offload"], model["weight_dtype"]) == ("", "none", "default")
-    encoder = _source(wf, _source(wf, sampler, "positive"), "text_encoder")["inputs"]
+    encoder = _through_loras(wf, _source(wf, sampler, "positive"), "text_encoder")["inputs"]
     assert encoder["device"] == "default"
     note = next(n for n in editor(name)["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
     for alternative in ("flux2_dev_fp8mixed.safetensors", "mistral_3_small_flux2_fp8.safetensors"):
         f = build_workflows.FILES[alternative]
         assert f"`{alternative}`" in note and f.url in note and f.licence in note
-    assert "`cuda:0,cuda:1`" in note and "`devices`" in note and "50 steps, guidance 4.0" in note
+    settings = "8 steps, guidance 2.5" if name == "flux2_dev_turbo" else "50 steps, guidance 4.0"
+    assert "`cuda:0,cuda:1`" in note and "`devices`" in note and settings in note
     assert "FLUX.2 [dev] non-commercial licence" in note
 
 
@@ -834,6 +841,28 @@ def test_lora_workflow_wiring():
     assert _link(wf, lora, "model") == ("Flux2KleinModelLoader", 0)
     assert _link(wf, lora, "text_encoder") == ("Flux2KleinTextEncoderLoader", 0)
     assert lora["inputs"]["strength"] == 1.0 and lora["inputs"]["lora_name"].endswith(".safetensors")
+
+
+def test_turbo_workflow_wiring():
+    # the Turbo LoRA on dev, 8 steps on the model card's list shifted by 1024x1024's mu (docs/flux2-dev.md),
+    # guidance 2.5, the list through a native ManualSigmas into the sampler's sigmas
+    wf = api("flux2_dev_turbo")
+    sampler = _sampler(wf)
+    assert _link(wf, sampler, "sigmas") == ("ManualSigmas", 0)
+    listed = [float(v) for v in _source(wf, sampler, "sigmas")["inputs"]["sigmas"].split(",")]
+    assert (
+        len(listed) == 9 and listed[0] == 1.0 and listed[-1] == 0.0 and listed == sorted(listed, reverse=True)
+    )
+    mu = 2.268  # diffusers' empirical mu for 4096 image tokens and 8 steps (the spec works it out)
+    card = [1.0, 0.6509, 0.4374, 0.2932, 0.1893, 0.1108, 0.0495, 0.00031]
+    shifted = [math.exp(mu) / (math.exp(mu) + 1 / s - 1) for s in card]
+    assert listed[:-1] == pytest.approx(shifted, abs=6e-4)
+    lora = _source(wf, sampler, "model")
+    assert lora["class_type"] == "Flux2KleinLoraLoader" and lora["inputs"]["strength"] == 1.0
+    assert lora["inputs"]["lora_name"] == "Flux_2-Turbo-LoRA_comfyui.safetensors"
+    assert sampler["inputs"]["guidance"] == 2.5
+    dev_lora = api("flux2_dev_lora")
+    assert _link(dev_lora, _sampler(dev_lora), "model") == ("Flux2KleinLoraLoader", 0)
 
 
 def test_the_generator_reads_the_contract_from_the_node_classes():
