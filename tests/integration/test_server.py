@@ -57,6 +57,9 @@ WORKFLOW_RUNS = {
     "flux2_dev_multi_reference_edit": dict(
         refs=[(96, 64), (64, 80), (80, 80)], sets=["steps=4"], size=(96, 64)
     ),
+    # dev with a LoRA (kohya layout); the Turbo LoRA on its 8-step list (the sigmas set the steps)
+    "flux2_dev_lora": dict(refs=[], sets=["width=192", "height=128", "steps=6"], size=(192, 128)),
+    "flux2_dev_turbo": dict(refs=[], sets=["width=192", "height=128"], size=(192, 128)),
     # the Fun ControlNet on dev: the control map first (another size than the output: resized), then the
     # image to inpaint
     "flux2_dev_controlnet_pose": dict(
