@@ -21,6 +21,7 @@ from ..errors import Flux2Error, OutOfMemory
 from ..weights.hub import DEFAULT_MODEL
 from ..weights.kitchen import MODES as QUANT_COMPUTE
 from ..weights.kitchen import configure_for_command_line
+from . import tiled as tiled_flags
 from .edit import IMG2IMG_STRENGTH
 from .fill import generate_fill, is_flux1_model
 from .parallel import ranks_for
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dype-base", type=int, default=EXTRAPOLATION_BASE, metavar="PX",
         help=f"with --dype: pixels per side the model handles natively (default {EXTRAPOLATION_BASE})",
     )  # fmt: skip
+    tiled_flags.add_flags(gen)
     gen.add_argument(
         "--parallel", default=None, choices=["tensor", "sequence"],
         help="under torchrun --nproc-per-node N: run the DiT across the N processes (one per GPU; --device "

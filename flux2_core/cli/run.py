@@ -51,6 +51,7 @@ from ..vae.tiling import check_tiling
 from ..weights.loading import weight_bytes
 from . import control as control_flags
 from . import inputs
+from . import tiled as tiled_flags
 from .edit import Edit, composite_pixels, encode_edit, prepare_edit
 from .fill import check_fill_args
 from .parallel import Ranks
@@ -80,6 +81,7 @@ class Request:
     control: tuple | None = None  # --controlnet: cli.control.ControlInputs (map, mask, picture)
     context: torch.Tensor | None = None  # its control context at the output size, once the VAE has run
     extrapolation: object = None  # --dype: dit.extrapolation.PositionExtrapolation
+    tiled: object = None  # --tile-size: cli.tiled.Canvas (``sizes`` then holds its tile's, for the plan)
 
 
 @dataclass
@@ -137,6 +139,8 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
         args.batch_size,
         MAX_FILL_GUIDANCE if fill else MAX_GUIDANCE,
     )
+    tiled = tiled_flags.check(args, fill)
+    args = tiled_flags.planned_args(args, tiled)  # with tiles, the plan checks one tile's run (cli.tiled)
     max_pixels = args.reference_max_pixels or MAX_REFERENCE_PIXELS
     strengths = inputs.reference_strengths(args.reference_strength, len(args.reference))
     if not args.prompt and not args.region:
@@ -152,6 +156,7 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     regions = inputs.read_regions(args.region)
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
+    sizes += tiled_flags.refs(tiled)
     control = control_flags.read_inputs(args, ranks)
     # the control's inpaint mode alone: --image is the picture the control net inpaints, not a start
     only_control = args.control_mask and args.mask is None and args.outpaint is None and args.strength is None
@@ -175,7 +180,7 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
         raise Flux2Error(f"--resident-mb {args.resident_mb} is negative: give 0 (stream every block) or more")
     return Request(
         args, ranks.device, dtype, output, images, sizes, max_pixels, edit, loras, tiles, strengths, regions,
-        control, extrapolation=extrapolation,
+        control, extrapolation=extrapolation, tiled=tiled,
     )  # fmt: skip
 
 
@@ -384,6 +389,8 @@ def run_flux2(request: Request, ranks: Ranks) -> list[Path]:
     """Phases 2-6 of a FLUX.2 run (klein or dev); the main process returns the files it wrote."""
     the_plan = plan(request, ranks)
     model, conditioning = encode_prompts(request, the_plan, ranks)
+    if request.tiled is not None:
+        return tiled_flags.run(request, the_plan, model, conditioning)
     vae, references, start, mask = encode_images(request, the_plan, ranks)
     with ranks.waiting("sampling"):  # the DiT's collectives: a process that left or stalls ends the others
         results = sample_prompts(request, the_plan, model, conditioning, references, start, mask, ranks)

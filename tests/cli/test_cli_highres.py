@@ -49,3 +49,40 @@ def test_a_bad_dype_base_is_refused_before_loading(files, tmp_path, caplog):
     code, out = _run(files, tmp_path, "--dype", "--dype-base", "100")
     assert code == 2 and not out.exists()
     assert "extrapolation base 100 px is not allowed" in caplog.text
+
+
+def _picture(tmp_path, width=160, height=128):
+    generator = np.random.default_rng(4)
+    path = tmp_path / "picture.png"
+    Image.fromarray(generator.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+    return str(path)
+
+
+def test_one_tile_is_the_plain_img2img_with_the_image_as_reference(files, tmp_path):
+    picture = _picture(tmp_path)
+    code, tiled = _run(files, tmp_path, "--image", picture, "--strength", "0.6", "--tile-size", "256",
+                       "--tile-overlap", "64", name="tiled.png")  # fmt: skip
+    assert code == 0
+    code, plain = _run(files, tmp_path, "--image", picture, "--strength", "0.6", "--reference", picture,
+                       name="plain.png")  # fmt: skip
+    assert code == 0 and np.array_equal(_pixels(tiled), _pixels(plain))
+
+
+def test_upscale_enlarges_before_the_tiled_refinement(files, tmp_path):
+    picture = _picture(tmp_path, 96, 64)
+    code, out = _run(files, tmp_path, "--image", picture, "--upscale", "3", "--tile-size", "256",
+                     "--tile-overlap", "64")  # fmt: skip
+    assert code == 0 and Image.open(out).size == (288, 192)  # two tiles across
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--tile-size", "1000"], "tile size 1000 px is not allowed: use a multiple of 16"),
+        (["--tile-size", "256", "--tile-overlap", "192"], "smaller than twice the tile overlap 192 px"),
+        (["--upscale", "2"], "--upscale enlarges the image for a tiled refinement: give --tile-size too"),
+    ],
+)
+def test_bad_tiles_are_refused_before_loading(files, tmp_path, caplog, extra, message):
+    code, out = _run(files, tmp_path, "--image", _picture(tmp_path), *extra)
+    assert code == 2 and not out.exists() and message in caplog.text
