@@ -19,7 +19,18 @@ What runs in format, and how (activations quantised exactly as ComfyUI 0.29 does
 - ``convrot_w4a4``: the layout's own linear (activations rotated and quantised to int4 inside it) on every
   device comfy-kitchen has a backend for, its eager one included: that is what the file is made for and what
   native runs; it cannot load without comfy-kitchen;
-- ``int8_tensorwise`` (diffusion models): our own W8A8 matmul (``QuantWeight.linear``), the one native runs.
+- ``int8_tensorwise`` (diffusion models): our own W8A8 matmul (``QuantWeight.linear``), the one native runs;
+- ``asym_w4a8_int8``: the layout's int8 linear (activations rotated, quantised to int8 per token, int32
+  accumulation; a file's asymmetric correction makes comfy-kitchen's eager and triton backends dequantise):
+  on an NVIDIA GPU of compute capability 8.0 or newer;
+- ``awq_w4a16``: the layout's GEMV/GEMM (activations stay 16-bit; the output in the scales' dtype) where a
+  GPU backend has it (cuda, hip); its eager backend is a dequantisation and a dense matmul, so elsewhere it
+  dequantises;
+- nvfp4's ``pre_quant_scale`` multiplies the input before its quantisation.
+
+On a CPU in bfloat16 or float16, ``int8_tensorwise`` and ``asym_w4a8_int8`` multiply in format only where
+that measures faster than dequantise-then-matmul: ``QuantWeight`` times both on the first call of each shape
+class and keeps the faster for the process (``quant_source``); in float32 they multiply in int8 as native.
 
 ``mode``: ``auto`` (the rules above), ``dequantize`` (everything dequantises before its matmul, today's
 numerics bit for bit; convrot_w4a4 through comfy-kitchen's dequantisation) or ``format`` (in format wherever
@@ -50,15 +61,34 @@ LAYOUTS = {
     "nvfp4": "TensorCoreNVFP4Layout",
     "mxfp8": "TensorCoreMXFP8Layout",
     "convrot_w4a4": "TensorCoreConvRotW4A4Layout",
+    "asym_w4a8_int8": "AsymW4A8Int8Layout",
+    "awq_w4a16": "TensorCoreAWQW4A16Layout",
 }
 OPS = {
     "float8_e4m3fn": "quantize_per_tensor_fp8",
     "nvfp4": "scaled_mm_nvfp4",
     "mxfp8": "scaled_mm_mxfp8",
     "convrot_w4a4": "convrot_w4a4_linear",
+    "asym_w4a8_int8": "w4a8_int8_linear",
+    "awq_w4a16": "gemv_awq_w4a16",
 }
-MATMUL = {"float8_e4m3fn": "fp8", "nvfp4": "nvfp4", "mxfp8": "mxfp8", "convrot_w4a4": "int4 (W4A4)"}
-NEEDS = {"float8_e4m3fn": (8, 9), "nvfp4": (10, 0), "mxfp8": (10, 0)}  # NVIDIA compute capability
+MATMUL = {
+    "float8_e4m3fn": "fp8",
+    "nvfp4": "nvfp4",
+    "mxfp8": "mxfp8",
+    "convrot_w4a4": "int4 (W4A4)",
+    "asym_w4a8_int8": "int8 (W4A8)",
+    "awq_w4a16": "int4 x 16-bit (AWQ)",
+}
+# NVIDIA compute capability
+NEEDS = {
+    "float8_e4m3fn": (8, 9),
+    "nvfp4": (10, 0),
+    "mxfp8": (10, 0),
+    "asym_w4a8_int8": (8, 0),
+    "awq_w4a16": (8, 0),
+}
+GPU_BACKENDS = {"awq_w4a16": ("cuda", "hip")}  # where a format's op is more than dequantise-then-matmul
 KITCHEN_ONLY = ("convrot_w4a4",)  # formats only comfy-kitchen can read
 INSTALL = "pip install -U comfy-kitchen (in ComfyUI's Python), or the [gpu] extra of this package"
 
@@ -144,6 +174,7 @@ class Choice:
 
     path: str  # "kitchen" (in format through comfy-kitchen), "int8" (our W8A8) or "dequantize"
     how: str  # for the log line
+    measured: bool = False  # a CPU in 16 bits: in format only for shapes where it measures faster
 
     @property
     def in_format(self) -> bool:
@@ -152,8 +183,11 @@ class Choice:
 
 def choose(fmt: str, device: Device, mode: str, kitchen: Kitchen | None, int8_matmul: bool) -> Choice:
     """The rule of the module docstring for one format on one device."""
+    cpu_measures = mode == "auto" and device.type == "cpu"
     if fmt == "int8_tensorwise":
         if int8_matmul and mode != "dequantize":
+            if cpu_measures:
+                return Choice("int8", f"int8 matmul (torch._int_mm){MEASURED}", measured=True)
             return Choice("int8", "int8 matmul (torch._int_mm)")
         why = "--quant-compute dequantize" if int8_matmul else "encoders dequantise int8, as ComfyUI does"
         return Choice("dequantize", f"dequantised ({why})")
@@ -174,6 +208,10 @@ def choose(fmt: str, device: Device, mode: str, kitchen: Kitchen | None, int8_ma
         return Choice("dequantize", f"dequantised (torch has no {MATMUL[fmt]} matmul on {device.type})")
     if fmt == "mxfp8" and device.torch_version < (2, 10):
         return Choice("dequantize", "dequantised (mxfp8 matmul needs torch 2.10 or newer)")
+    if fmt == "awq_w4a16" and mode == "auto" and backend not in GPU_BACKENDS[fmt]:
+        return Choice("dequantize", f"dequantised (comfy-kitchen's {backend} AWQ is dequantise-then-matmul)")
+    if fmt == "asym_w4a8_int8" and cpu_measures:
+        return Choice("kitchen", f"{MATMUL[fmt]} matmul via comfy-kitchen {backend}{MEASURED}", measured=True)
     needs = NEEDS.get(fmt)
     if mode == "auto" and needs is not None and (device.capability or (0, 0)) < needs:
         gpu = f"this device has {device.label}" if device.capability else f"not on {device.type}"
@@ -183,6 +221,9 @@ def choose(fmt: str, device: Device, mode: str, kitchen: Kitchen | None, int8_ma
             f"capability {needs[0]}.{needs[1]} or newer, {gpu})",
         )
     return Choice("kitchen", f"{MATMUL[fmt]} matmul via comfy-kitchen {backend}")
+
+
+MEASURED = " where it measures faster than dequantised (bfloat16 / float16, per shape class)"
 
 
 class QuantCompute:
@@ -263,6 +304,28 @@ def weight_operand(layer, stored: Mapping[str, torch.Tensor], shape: tuple[int, 
         )
     elif fmt == "mxfp8":
         p = params(scale=scale.view(torch.float8_e8m0fnu), orig_dtype=dtype, orig_shape=shape)
+    elif fmt == "asym_w4a8_int8":  # as ComfyUI builds it, plus the correction its loader leaves unread
+        s_rel = stored["weight_s_rel"]
+        p = params(
+            scale=s_rel.view(torch.float8_e4m3fn) if s_rel.dtype == torch.uint8 else s_rel,
+            s_channel=stored["weight_s_channel"],
+            correction=stored.get("weight_correction"),
+            codebook=stored.get("weight_codebook"),
+            group_size=layer.group,
+            convrot_groupsize=layer.convrot,
+            orig_dtype=dtype,
+            orig_shape=shape,
+        )
+        w = w.view(torch.int8)
+    elif fmt == "awq_w4a16":
+        p = params(
+            scale=scale,
+            zeros=stored["weight_zeros"],
+            group_size=layer.group,
+            orig_dtype=dtype,
+            orig_shape=shape,
+        )
+        w = w.view(torch.int8)
     else:  # convrot_w4a4, as ComfyUI 0.29 builds it (comfy/ops.py, quant_group_size 64)
         p = params(
             scale=scale.float().reshape(-1),
@@ -277,8 +340,8 @@ def weight_operand(layer, stored: Mapping[str, torch.Tensor], shape: tuple[int, 
 
 def activation_operand(fmt: str, x: torch.Tensor, input_scale: torch.Tensor | None):
     """``x`` [M, K] as ComfyUI quantises a layer's input for ``fmt`` (``QuantizedTensor.from_float`` with its
-    layouts' ``quantize``); convrot_w4a4 takes its input in float and quantises it inside its linear."""
-    if fmt == "convrot_w4a4":
+    layouts' ``quantize``); convrot_w4a4, W4A8 and AWQ take it in float (W4A8 quantises it inside)."""
+    if fmt in ("convrot_w4a4", "asym_w4a8_int8", "awq_w4a16"):
         return x
     import comfy_kitchen as ck
     from comfy_kitchen.tensor import QuantizedTensor, get_layout_class
@@ -303,12 +366,16 @@ def activation_operand(fmt: str, x: torch.Tensor, input_scale: torch.Tensor | No
 
 
 def linear(layer, stored: Mapping[str, torch.Tensor], x: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``x W^T`` with ``W`` in its stored format, through comfy-kitchen's layout (no bias)."""
+    """``x W^T`` with ``W`` in its stored format, through comfy-kitchen's layout (no bias); nvfp4's
+    ``pre_quant_scale`` multiplies ``x`` first."""
     in_features = x.shape[-1]
     x2 = x.reshape(-1, in_features)
+    smoothing = stored.get("pre_quant_scale")
+    if smoothing is not None:
+        x2 = x2 * smoothing.to(x2.device, x2.dtype)
     w = weight_operand(layer, stored, (out_features, in_features), x.dtype)
     y = F.linear(activation_operand(layer.format, x2, stored.get("input_scale")), w)
-    return y.reshape(*x.shape[:-1], out_features)
+    return y.reshape(*x.shape[:-1], out_features).to(x.dtype)
 
 
 def dequantize(layer, stored: Mapping[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

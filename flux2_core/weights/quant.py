@@ -21,12 +21,16 @@ Formats and their dequantisation (``W`` is [out, in]; see the formats spec for t
 - ``convrot_w4a4``: signed int4 pairs in int8 [out, in/2] (low nibble first), a float32 scale per row and a
   ConvRot group size, as ComfyUI writes it; read through comfy-kitchen's layout (``kitchen.py``), and refused
   by name when the installed comfy-kitchen lacks it;
+- ``asym_w4a8_int8`` (W4A8 / W6A8: packed codes, group and channel scales, optional codebook and asymmetric
+  correction, ConvRot) and ``awq_w4a16`` (unsigned nibbles, transposed scales and additive zeros), and nvfp4's
+  ``pre_quant_scale`` (input smoothing, folded into the weight when dequantised): ``quant_w4``;
 - GGUF types: ``gguf_quants.dequantize`` (torch ports of ggml's formulas).
 
 ``input_scale`` / ``scale_input`` are activation scales for in-format matmuls (``kitchen.py``): kept with the
 layer (a scalar), not needed to dequantise. How each format multiplies (in format or dequantised first) is
 ``kitchen.QuantCompute``'s choice, made per model and device.
-An unknown format is refused by name; bytes of a quantised layer are never read as if they were weights.
+An unknown format is refused by name, and so is SVDQuant W4A4 (Nunchaku's layout, which ComfyUI has no file
+layout for); bytes of a quantised layer are never read as if they were weights.
 """
 
 from __future__ import annotations
@@ -40,13 +44,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import Flux2Error
-from . import kitchen
+from . import kitchen, quant_w4
 from .checkpoint import tensor_dtype, tensor_shape
 from .gguf_quants import GGMLType, block_size, has_torch_kernel, type_name
 from .gguf_quants import dequantize as gguf_dequantize
 
 FP8 = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
-FORMATS = (*FP8, "int8_tensorwise", "nvfp4", "mxfp8", "convrot_w4a4", "gguf")
+FORMATS = (*FP8, "int8_tensorwise", "nvfp4", "mxfp8", "convrot_w4a4", quant_w4.W4A8, quant_w4.AWQ, "gguf")
 AUX_SUFFIXES = (
     ".comfy_quant",
     ".weight_scale",
@@ -54,12 +58,23 @@ AUX_SUFFIXES = (
     ".input_scale",
     ".scale_weight",
     ".scale_input",
+    ".pre_quant_scale",
+    *(f".{role}" for role in quant_w4.EXTRA_ROLES),
 )
-STORED_ROLES = ("weight", "weight_scale", "weight_scale_2", "input_scale")  # what a quantised layer keeps
+# what a quantised layer keeps
+STORED_ROLES = (
+    "weight",
+    "weight_scale",
+    "weight_scale_2",
+    "input_scale",
+    "pre_quant_scale",
+    *quant_w4.EXTRA_ROLES,
+)
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 _REFUSED = {
     "float8_e4m3fn_rowwise": "row-wise fp8 from convert_to_quant",
     "float8_e4m3fn_blockwise": "block-wise fp8 from convert_to_quant",
+    **quant_w4.REFUSED,
 }
 
 
@@ -76,11 +91,15 @@ class QuantLayer:
     convrot: int = 0  # ConvRot group size g (int8, convrot_w4a4), 0 without rotation
     qtype: int = -1  # the GGML type of a GGUF tensor
     linear_dtype: str = ""  # convrot_w4a4: the matmul comfy-kitchen runs ("int4", its default)
+    group: int = 0  # the quantisation group along the inputs (asym_w4a8_int8, awq_w4a16)
 
     @property
     def label(self) -> str:
         if self.format == "gguf":
             return f"GGUF {type_name(self.qtype)}"
+        if self.format == quant_w4.W4A8:
+            six = self.stored["weight"][0][1] * 8 == self.shape[1] * 6
+            return f"{self.format} ({'W6A8' if six else 'W4A8'})"
         return self.format + (" + ConvRot" if self.convrot and self.format == "int8_tensorwise" else "")
 
     @property
@@ -96,6 +115,12 @@ def find_quantized(
     names: dict[str, str], tensors: Mapping, metadata: Mapping[str, str], what: str
 ) -> tuple[dict[str, QuantLayer], set[str]]:
     """({layer: QuantLayer} by short layer name, the short keys that only describe quantisation)."""
+    svd = next((short for short in names if short.endswith(quant_w4.SVDQUANT_KEYS)), None)
+    if svd is not None:
+        raise Flux2Error(
+            f"{what}: {svd} belongs to an SVDQuant W4A4 (Nunchaku) layer, which ComfyUI has no file layout "
+            "for and which cannot be loaded: use the bf16, fp8, int8, nvfp4, W4A8 or GGUF release"
+        )
     weights = {short[: -len(".weight")]: file for short, file in names.items() if short.endswith(".weight")}
     aux = {
         short for short in names if short.endswith(AUX_SUFFIXES) or short.rsplit(".", 1)[-1] == "scaled_fp8"
@@ -129,7 +154,7 @@ def find_quantized(
             found[short] = _layer(short, str(stored).removeprefix("torch."), {}, names, tensors, what)
         elif isinstance(stored, GGMLType):
             found[short] = _gguf_layer(short, file, stored, tensors)
-        elif short + ".weight_scale" in names or short + ".scale_weight" in names:
+        elif any(f"{short}.{role}" in names for role in ("weight_scale", "scale_weight", *STORED_ROLES[4:])):
             raise Flux2Error(
                 f"{what}: {short} has a weight scale but no format marker and is stored as {stored}: the "
                 "file is in an unknown quantised layout; use the bf16, fp8 or GGUF release"
@@ -142,9 +167,12 @@ def _layer(short, fmt, params, names, tensors, what) -> QuantLayer:
         kind = _REFUSED.get(fmt, f"the unknown quantisation format {fmt!r}")
         raise Flux2Error(
             f"{what}: layer {short} uses {kind}, which cannot be loaded: use the bf16, fp8 (float8_e4m3fn), "
-            "nvfp4, int8_tensorwise or GGUF release of the model"
+            "nvfp4, int8_tensorwise, asym_w4a8_int8 or GGUF release of the model"
         )
     keys = {"weight": names[short + ".weight"]}
+    for role in STORED_ROLES[4:]:
+        if f"{short}.{role}" in names:
+            keys[role] = names[f"{short}.{role}"]
     for role, legacy in (
         ("weight_scale", "scale_weight"),
         ("weight_scale_2", None),
@@ -166,8 +194,12 @@ def _layer(short, fmt, params, names, tensors, what) -> QuantLayer:
     scale = stored.get("weight_scale")
     if "input_scale" in stored and math.prod(stored["input_scale"][0]) != 1:
         raise bad(f"has an input_scale of shape {list(stored['input_scale'][0])} (expected one value)")
-    convrot, linear_dtype = 0, ""
-    if fmt in FP8 or fmt == "int8_tensorwise":
+    convrot, linear_dtype, group = 0, "", 0
+    if "pre_quant_scale" in stored and fmt != "nvfp4":
+        raise bad("has a pre_quant_scale, which only nvfp4 layers take")
+    if fmt in quant_w4.ROLES:
+        logical, group, convrot = quant_w4.check_layer(fmt, params, stored, bad)
+    elif fmt in FP8 or fmt == "int8_tensorwise":
         ok = (FP8[fmt], torch.uint8) if fmt in FP8 else (torch.int8,)
         if dtype not in ok:
             raise bad(f"stores its weight as {dtype}")
@@ -203,8 +235,10 @@ def _layer(short, fmt, params, names, tensors, what) -> QuantLayer:
         expected = (_roundup(rows, 128), _roundup(logical[1] // block, 4))
         if tuple(scale[0]) != expected:
             raise bad(f"has block scales of shape {list(scale[0])}, not the swizzled {list(expected)}")
+        if "pre_quant_scale" in stored:
+            quant_w4.check_pre_quant_scale(stored, logical, bad)
     stored = {role: value for role, value in stored.items() if role in STORED_ROLES}
-    return QuantLayer(fmt, keys, stored, logical, convrot, linear_dtype=linear_dtype)
+    return QuantLayer(fmt, keys, stored, logical, convrot, linear_dtype=linear_dtype, group=group)
 
 
 def _needs_kitchen(short: str, fmt: str, what: str) -> None:
@@ -247,13 +281,17 @@ def dequantize(q: QuantLayer, stored: Mapping[str, torch.Tensor], dtype: torch.d
         blocks = unswizzle(scale.view(torch.float8_e4m3fn) if scale.dtype == torch.uint8 else scale)
         per_block = blocks[:rows, : cols // 16].to(dtype) * stored["weight_scale_2"].to(dtype)
         values = pairs.reshape(rows, -1, 16) * per_block.unsqueeze(-1)
-        return values.reshape(rows, cols)
+        return quant_w4.smooth(values.reshape(rows, cols), stored)
     if q.format == "mxfp8":
         exponents = unswizzle(scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale)
         exponents = exponents[: w.shape[0], : w.shape[1] // 32].to(torch.int32)
         factor = torch.where(exponents == 0, 0.0, torch.exp2(exponents.to(torch.float32) - 127))
         values = w.to(torch.float32).reshape(w.shape[0], -1, 32) * factor.unsqueeze(-1)
         return values.reshape(w.shape).to(dtype)
+    if q.format == quant_w4.W4A8:
+        return quant_w4.dequantize_w4a8(q, stored, dtype, hadamard)
+    if q.format == quant_w4.AWQ:
+        return quant_w4.dequantize_awq(q, stored, dtype)
     if q.format in kitchen.KITCHEN_ONLY:
         return kitchen.dequantize(q, stored, dtype)
     return gguf_dequantize(w, q.qtype, q.shape, dtype)

@@ -7,15 +7,30 @@ the model's ``kitchen.QuantCompute`` chose so for the device (comfy-kitchen's la
 ``torch._int_mm``); otherwise ``weight`` dequantises on the compute device (``quant.dequantize``) for a plain
 matmul. Nothing is ever written back: memory stays the file's size, and patches (LoRA) go beside the matmul
 or onto a float copy (``ops.Linear``).
+
+Where the choice is ``measured`` (int8 and W4A8 on a CPU in bfloat16 or float16, ``auto``), the first call of
+each shape class (device, dtype, format, widths, rows rounded up to a power of two) runs both the in-format
+matmul and dequantise-then-matmul, twice each, alternating; the faster by its best time serves that class for
+the rest of the process, logged once. int8 matmuls outrun 16-bit ones on some CPUs (VNNI, AMX) and not on
+others, and the decoding a W4A8 weight needs per call weighs less the more rows share it.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
+import torch.nn.functional as F
 
 from ..errors import Flux2Error
 from . import kitchen
 from .quant import STORED_ROLES, QuantLayer, dequantize, hadamard
+
+log = logging.getLogger(__name__)
+
+MEASURED_DTYPES = (torch.bfloat16, torch.float16)
+_FASTER: dict[tuple, bool] = {}  # shape class -> whether in format measured faster, for the process
 
 
 def int_mm_takes(x: torch.Tensor, out_features: int) -> bool:
@@ -53,14 +68,47 @@ class QuantWeight:
         if self.compute is None:
             return None
         choice = self.compute.choice(self.layer.format, x.device)
-        if choice.path == "int8":
-            return self._int8(layer, x)
-        if choice.path != "kitchen":
+        if choice.path not in ("int8", "kitchen"):
             return None
         scale = layer._buffers.get("weight_scale")
-        if not kitchen.fits(self.layer.format, layer.out_features, layer.in_features, scale):
+        if choice.path == "kitchen" and not kitchen.fits(
+            self.layer.format, layer.out_features, layer.in_features, scale
+        ):
             return None
+        if not choice.measured or x.dtype not in MEASURED_DTYPES:
+            return self._in_format(layer, x, choice.path)
+        key = shape_class(self.layer.label, x, layer.out_features)
+        faster = _FASTER.get(key)
+        if faster is None:
+            faster, y = self._measure(layer, x, choice.path, key)
+            _FASTER[key] = faster
+            return y
+        return self._in_format(layer, x, choice.path) if faster else None
+
+    def _in_format(self, layer, x: torch.Tensor, path: str) -> torch.Tensor | None:
+        if path == "int8":
+            return self._int8(layer, x)
         return kitchen.linear(self.layer, self._stored(layer, x.device), x, layer.out_features)
+
+    def _measure(self, layer, x: torch.Tensor, path: str, key: tuple) -> tuple[bool, torch.Tensor | None]:
+        """Both paths twice, alternating: (whether in format is faster, its output or ``None``)."""
+        best, out = {}, None
+        for name in ("format", "dequantized", "format", "dequantized"):
+            start = time.perf_counter()
+            if name == "format":
+                out = self._in_format(layer, x, path)
+                if out is None:  # this shape has no in-format matmul here
+                    return False, None
+            else:
+                F.linear(x, self.weight(layer, x.dtype, x.device))
+            best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+        faster = best["format"] < best["dequantized"]
+        log.info(
+            "%s layers, %s: %s (best of 2: in format %.1f ms, dequantised %.1f ms)",
+            self.layer.label, key[3:], "in format" if faster else "dequantised",
+            best["format"] * 1e3, best["dequantized"] * 1e3,
+        )  # fmt: skip
+        return faster, out if faster else None
 
     def _int8(self, layer, x: torch.Tensor) -> torch.Tensor | None:
         """The dynamic W8A8 matmul ComfyUI runs for int8 layers of a diffusion model: activations quantised
@@ -82,6 +130,17 @@ class QuantWeight:
     def weight(self, layer, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         w = dequantize(self.layer, self._stored(layer, device), dtype)
         return w[: layer.out_features, : layer.in_features]
+
+
+def shape_class(label: str, x: torch.Tensor, out_features: int) -> tuple:
+    """What a measured choice stands for: device, dtype, format, widths, rows up to a power of two."""
+    rows = x.numel() // x.shape[-1]
+    return (x.device.type, x.dtype, label, out_features, x.shape[-1], 1 << max(rows - 1, 0).bit_length())
+
+
+def measured() -> dict[tuple, bool]:
+    """The measured choices made so far in this process (shape class -> whether in format)."""
+    return dict(_FASTER)
 
 
 def quantize_layer(layer, q: QuantLayer, what: str, compute: kitchen.QuantCompute | None = None) -> None:

@@ -44,7 +44,17 @@ from flux2_core.weights.kitchen import LAYOUTS, OPS, Device, Kitchen, QuantCompu
 
 CPU = torch.device("cpu")
 FULL = Kitchen("0.2.40", frozenset(LAYOUTS.values()), {op: "cuda" for op in OPS.values()})
-FORMATS = ("float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8", "convrot_w4a4", "int8_tensorwise", "gguf")
+FORMATS = (
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "nvfp4",
+    "mxfp8",
+    "convrot_w4a4",
+    "int8_tensorwise",
+    "asym_w4a8_int8",
+    "awq_w4a16",
+    "gguf",
+)
 DEVICES = {
     "cpu": Device("cpu"),
     "sm80": Device("cuda", (8, 0)),
@@ -61,7 +71,9 @@ TABLE = {
     "nvfp4": (D, D, D, D, K, K),
     "mxfp8": (D, D, D, D, K, K),
     "convrot_w4a4": (D, K, K, K, K, K),  # the CPU: no backend in this faked install (cuda only)
-    "int8_tensorwise": ("int8",) * 6,
+    "int8_tensorwise": ("int8",) * 6,  # on the CPU in 16 bits: where it measures faster
+    "asym_w4a8_int8": (K,) * 6,  # likewise
+    "awq_w4a16": (D, K, K, K, K, K),
     "gguf": (D,) * 6,
 }
 
@@ -101,6 +113,27 @@ def test_the_choice_says_why():
     assert choose("nvfp4", DEVICES["cpu"], "format", eager, True).path == D
     with pytest.raises(Flux2Error, match="fast"):
         QuantCompute("m", [], mode="fast")
+
+
+def test_w4a8_and_awq_choices():
+    """W4A8: in format on compute capability 8.0+ (below: dequantised); on a CPU in auto, measured per shape
+    class (int8 too), in format mode always. AWQ: in format only where a GPU backend has its GEMV (comfy-
+    kitchen's eager AWQ is dequantise-then-matmul), in format mode on its eager backend too."""
+    old_gpu = Device("cuda", (7, 5))
+    assert choose("asym_w4a8_int8", old_gpu, "auto", FULL, True).path == D
+    assert "8.0" in choose("asym_w4a8_int8", old_gpu, "auto", FULL, True).how
+    eager = Kitchen("0.2.40", FULL.layouts, {op: "eager" for op in OPS.values()})
+    for fmt in ("asym_w4a8_int8", "int8_tensorwise"):
+        auto = choose(fmt, DEVICES["cpu"], "auto", eager, True)
+        assert auto.in_format and auto.measured and "measures faster" in auto.how
+        forced = choose(fmt, DEVICES["cpu"], "format", eager, True)
+        assert forced.in_format and not forced.measured
+        assert not choose(fmt, DEVICES["sm90"], "auto", FULL, True).measured
+    assert choose("awq_w4a16", DEVICES["sm90"], "auto", eager, True).path == D
+    assert "dequantise-then-matmul" in choose("awq_w4a16", DEVICES["sm90"], "auto", eager, True).how
+    assert choose("awq_w4a16", DEVICES["cpu"], "format", eager, True).path == K
+    hip = Kitchen("0.2.40", FULL.layouts, {OPS["awq_w4a16"]: "hip"})
+    assert choose("awq_w4a16", Device("cuda", None), "format", hip, True).path == K
 
 
 def test_the_choice_is_made_once_per_device_and_logged_in_one_line(caplog):
