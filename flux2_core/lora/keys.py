@@ -2,12 +2,12 @@
 
 A LoRA file names its modules the way its trainer saw the model: BFL names (ai-toolkit, ComfyUI, fal,
 kohya/musubi with underscores), diffusers names (diffusers/PEFT, DiffSynth, OneTrainer, SimpleTuner's
-LyCORIS) or transformers' Qwen3 names for the text encoder. Every accepted spelling is generated forward from
-the layers the loaded model really has (and from the diffusers names of those layers, through the same key
-map the checkpoint loader uses), so no underscore is ever guessed back into a dot. Names the model lacks but
-that tell what the LoRA is for (FLUX.1-only modules, blocks beyond this model's depth, the dev guidance
-embedder, text-encoder layers that never run) are generated too and marked, so they can be reported or
-refused by name.
+LyCORIS) or transformers' Qwen3 / Mistral names for the text encoder. Every accepted spelling is generated
+forward from the layers the loaded model really has (and from the diffusers names of those layers, through
+the same key map the checkpoint loader uses), so no underscore is ever guessed back into a dot. Names the
+model lacks but that tell what the LoRA is for (FLUX.1-only modules, blocks beyond this model's depth, the
+dev guidance embedder, text-encoder layers that never run) are generated too and marked, so they can be
+reported or refused by name.
 """
 
 from __future__ import annotations
@@ -199,7 +199,8 @@ def dit_aliases(transformer: nn.Module) -> dict[str, Alias]:
     return table
 
 
-# transformers' Qwen3 decoder layer linears; TEXT_ENCODER_LAYERS covers Qwen3-4B/8B (36) with room to spare.
+# transformers' decoder layer linears, the same names in Qwen3 (klein) and Mistral (dev); TEXT_ENCODER_LAYERS
+# covers Qwen3-4B/8B (36) and Mistral Small (40) with room to spare.
 QWEN3_LAYER_LINEARS = (
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
@@ -212,13 +213,17 @@ _TE_DOTTED = (
     ("base_model.model.", "PEFT on Qwen3 (base_model.model.)"),
     ("text_encoders.qwen3_4b.transformer.model.", "ComfyUI text encoder"),
     ("text_encoders.qwen3_8b.transformer.model.", "ComfyUI text encoder"),
+    ("text_encoders.mistral3_24b.transformer.model.", "ComfyUI text encoder"),
+    ("text_encoders.transformer.model.", "ComfyUI text encoder"),  # ComfyUI: without the model's name
     ("model.", "bare Qwen3 names"),
 )
 _TE_UNDERSCORE = ("lora_te_model_", "lora_te1_model_", "lora_te_", "lora_te1_")
 
 
 def text_encoder_aliases(text_encoder: nn.Module | None) -> dict[str, Alias]:
-    """Every accepted LoRA module name for the Qwen3 text encoder; layers it never built are ``unused``."""
+    """Every accepted LoRA module name for the text encoder (Qwen3 or Mistral: the same layer names, and
+    ComfyUI's ``text_encoders.<model>.transformer.model.`` / ``lora_te_`` spellings of them); layers it never
+    built are ``unused``."""
     built = {name for name, _ in linears(text_encoder)} if text_encoder is not None else None
     count = sum(1 for n in built if n.endswith(".self_attn.q_proj")) if built is not None else 27
     table = _Table()
@@ -248,7 +253,11 @@ def block_of(target: str) -> tuple[str, str | None, int | None]:
 
 # LoRA widths (hidden size, from its shapes) -> the model it was made for.
 HIDDEN_NAMES = {3072: "klein 4B", 4096: "klein 9B", 6144: "FLUX.2 [dev]"}
-TEXT_WIDTH_NAMES = {2560: "Qwen3-4B (klein 4B)", 4096: "Qwen3-8B (klein 9B)"}
+TEXT_WIDTH_NAMES = {
+    2560: "Qwen3-4B (klein 4B)",
+    4096: "Qwen3-8B (klein 9B)",
+    5120: "Mistral Small (FLUX.2 [dev])",
+}
 KLEIN_4B_BLOCKS = (5, 20)  # a LoRA for a 3072-wide model with more blocks than this is FLUX.1's
 
 
