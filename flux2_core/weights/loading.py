@@ -170,7 +170,8 @@ def check(module: nn.Module, load_plan: LoadPlan, spec: ComponentSpec) -> None:
             )
         file_key = pieces[key][0][0]
         stored = tensor_dtype(load_plan.tensors, file_key)
-        if target.is_floating_point() and not _is_float(stored) and key not in at_load:
+        dequantized = key in at_load or file_key in load_plan.quantized_parts  # a part of a fused weight
+        if target.is_floating_point() and not _is_float(stored) and not dequantized:
             kind = (
                 "packed integer weights with no format marker" if stored in _PACKED else "not a weight dtype"
             )

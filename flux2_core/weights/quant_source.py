@@ -65,7 +65,7 @@ class QuantWeight:
 
     def linear(self, layer, x: torch.Tensor) -> torch.Tensor | None:
         """The layer's output computed in its stored format, or ``None`` (dequantise-then-matmul instead)."""
-        if self.compute is None:
+        if self.compute is None or x.numel() == 0:  # no rows: comfy-kitchen's int8 linear cannot take them
             return None
         choice = self.compute.choice(self.layer.format, x.device)
         if choice.path not in ("int8", "kitchen"):

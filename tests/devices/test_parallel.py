@@ -9,6 +9,7 @@ layout renamed here, fp8, int8 with ConvRot, nvfp4).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from quant_files import write_quantised
+from quant_files import write_quantised, write_with_kitchen
 from safetensors.torch import load_file, save_file
 
 from flux2_core.configs import Flux2Config
@@ -87,6 +88,12 @@ REFUSED = {  # file, mode -> what the error names
     "nvfp4-tensor": ("klein-nvfp4.safetensors", "tensor", "nvfp4, which tensor parallelism cannot slice"),
     "convrot64-tensor": ("klein-int8-convrot64.safetensors", "tensor", "groups of 64 columns (ConvRot)"),
 }
+# W4A8 (written by comfy-kitchen's quantiser, where it is installed): whole in sequence mode, refused by name
+# in tensor mode; activations quantised per token, so the ranks' rows equal one process's
+W4A8 = importlib.util.find_spec("comfy_kitchen") is not None
+if W4A8:
+    RUNS["w4a8-sequence"] = ("klein-w4a8.safetensors", "distilled", "sequence", 8, (64, 64), [(2, 4)], 1.0)
+    REFUSED["w4a8-tensor"] = ("klein-w4a8.safetensors", "tensor", "(W4A8), which tensor parallelism cannot")
 
 
 def random_state_dict(config: Flux2Config, seed: int) -> dict[str, torch.Tensor]:
@@ -160,6 +167,12 @@ def write_files(root: Path) -> None:
     write_quantised(klein, root / "klein-nvfp4.safetensors", "nvfp4", high=torch.float32)
     for g in (16, 64):
         write_quantised(klein, root / f"klein-int8-convrot{g}.safetensors", "int8_tensorwise", convrot=g)
+    if W4A8:
+        from comfy_kitchen.tensor import AsymW4A8Int8Layout
+
+        entry = {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 16}
+        path = root / "klein-w4a8.safetensors"
+        write_with_kitchen(klein, path, AsymW4A8Int8Layout, entry, high=torch.float32, convrot_groupsize=16)
     for case, (_, _, _, text, (width, _), grids, _) in RUNS.items():
         g = torch.Generator().manual_seed(len(case) * 7 + width)
         torch.save(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from quant_files import write_quantised
+from quant_files import write_awq, write_quantised, write_with_kitchen
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 
 from flux2_core import OutOfMemory, ReferenceLatents, SampleRequest, SampleSettings, load_transformer, sample
@@ -29,11 +29,21 @@ def files(tmp_path_factory):
     sd = bfl_state_dict(dit)
     write_quantised(sd, root / "fp8.safetensors", "float8_e4m3fn")
     write_quantised(sd, root / "int8.safetensors", "int8_tensorwise")
+    write_awq(sd, root / "awq.safetensors")
+    try:  # W4A8 written by comfy-kitchen's own quantiser, where it is installed
+        from comfy_kitchen.tensor import AsymW4A8Int8Layout
+
+        entry = {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 16}
+        write_with_kitchen(sd, root / "w4a8.safetensors", AsymW4A8Int8Layout, entry, convrot_groupsize=16)
+    except ImportError:
+        pass
     return {
         "plain": write_bfl_file(dit, root / "flux-2-klein-4b.safetensors"),
         "kv": write_bfl_file(dit, root / "flux-2-klein-9b-kv.safetensors"),
         "fp8": root / "fp8.safetensors",
         "int8": root / "int8.safetensors",
+        "w4a8": root / "w4a8.safetensors",
+        "awq": root / "awq.safetensors",
         "dev": write_bfl_file(
             make_diffusers_dit(seed=4, guidance_embeds=True), root / "flux2-dev.safetensors"
         ),
@@ -145,22 +155,32 @@ def test_enabling_again_replaces_the_budget(files, inputs):
     assert torch.equal(forward(net, inputs), expected)
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+STORED = {"fp8": torch.float8_e4m3fn, "int8": torch.int8, "w4a8": torch.int8, "awq": torch.int8}
+
+
+def _needs_file(files, fmt: str) -> None:
+    if not files[fmt].exists():
+        pytest.skip("comfy-kitchen is not installed: its quantiser writes the W4A8 file")
+
+
+@pytest.mark.parametrize("fmt", list(STORED))
 def test_quantised_base_streams_bit_identically(files, inputs, fmt):
+    _needs_file(files, fmt)
     net = load_transformer(files[fmt]).transformer
     expected, expected_kv = forward(net, inputs), kv_path(net, inputs)
     quantised = net.double_blocks[1].img_attn.qkv
-    assert isinstance(quantised.source, QuantWeight) and "weight_scale" in quantised._buffers
+    scale = "weight_s_rel" if fmt == "w4a8" else "weight_scale"  # a scale tensor of the layout
+    assert isinstance(quantised.source, QuantWeight) and scale in quantised._buffers
     before = module_bytes(net)
     streamer = enable_streaming(net, "cpu", resident_bytes=fixed_bytes(net) + 1)
     assert streamer.resident_blocks == () and before - module_bytes(net) == streamer.streamed_bytes
     assert isinstance(quantised.source.inner, QuantWeight)
-    assert quantised.weight is None and quantised._buffers["weight_scale"] is None
-    assert "double_blocks.1.img_attn.qkv.weight_scale" not in net.state_dict()
+    assert quantised.weight is None and quantised._buffers[scale] is None
+    assert f"double_blocks.1.img_attn.qkv.{scale}" not in net.state_dict()
     assert torch.equal(forward(net, inputs), expected)
     assert torch.equal(kv_path(net, inputs), expected_kv)
     disable_streaming(net)
-    assert quantised.weight.dtype == (torch.float8_e4m3fn if fmt == "fp8" else torch.int8)
+    assert quantised.weight.dtype == STORED[fmt]
     assert torch.equal(forward(net, inputs), expected)
 
 
@@ -170,8 +190,10 @@ def _patch(layer, seed: int = 0) -> LowRankPatch:
     return LowRankPatch(up, down, strength=0.5)
 
 
-@pytest.mark.parametrize("fmt", ["plain", "int8", "dev"])
+@pytest.mark.parametrize("fmt", ["plain", "int8", "w4a8", "dev"])
 def test_lora_patches_apply_to_streamed_layers(files, inputs, fmt):
+    if fmt == "w4a8":
+        _needs_file(files, fmt)
     net = load_transformer(files[fmt]).transformer
     targets = [net.double_blocks[0].img_attn.qkv, net.single_blocks[1].linear1]
     if fmt == "dev":  # dev's own layers: the guidance embedder and the final layer's modulation

@@ -31,7 +31,15 @@ from comfy_kitchen.tensor import (  # noqa: E402
     TensorCoreAWQW4A16Layout,
     TensorCoreNVFP4Layout,
 )
-from quant_files import awq, hadamard, marker, quantised_layers, write_quantised, write_with_kitchen  # noqa: E402
+from quant_files import (  # noqa: E402
+    awq,
+    hadamard,
+    marker,
+    quantised_layers,
+    write_awq,
+    write_quantised,
+    write_with_kitchen,
+)
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from tiny_dit import bfl_state_dict, make_diffusers_dit  # noqa: E402
@@ -145,17 +153,8 @@ def test_awq_files_equal_comfy_kitchens_layout(sd, tmp_path):
     """AWQ by the spec's formula: unsigned nibbles, scales and zeros transposed [in / G, out], the zeros
     added; comfy-kitchen's TensorCoreAWQW4A16Layout on the same bytes dequantises and multiplies the same."""
     path = tmp_path / "awq.safetensors"
-    out, layers = {}, quantised_layers(sd)
-    for key, tensor in sd.items():
-        layer = key[: -len(".weight")]
-        if layer not in layers:
-            out[key] = tensor.to(torch.bfloat16)
-            continue
-        stored, expected = awq(tensor)
-        for role, value in stored.items():
-            out[f"{layer}.{role}"] = value
-        out[layer + ".comfy_quant"] = marker({"format": "awq_w4a16", "group_size": 16})
-    save_file(out, str(path))
+    write_awq(sd, path)
+    layers = quantised_layers(sd)
     model = load_transformer(path, variant="distilled")
     name, layer = _quantised(model)[0]
     assert torch.equal(layer.compute_weight(torch.float32, CPU), awq(sd[name + ".weight"])[1])
@@ -270,16 +269,7 @@ def test_a_whole_run_equals_a_float_twin_of_the_dequantised_weights(sd, tmp_path
     if fmt == "asym_w4a8_int8":
         write_with_kitchen(sd, path, AsymW4A8Int8Layout, W4A8, held=held, group_size=16, convrot_groupsize=16)
     else:
-        out = {}
-        for key, tensor in sd.items():
-            layer = key[: -len(".weight")]
-            if layer in quantised_layers(sd):
-                stored, held[key] = awq(tensor)
-                out |= {f"{layer}.{role}": value for role, value in stored.items()}
-                out[layer + ".comfy_quant"] = marker({"format": fmt, "group_size": 16})
-            else:
-                out[key], held[key] = tensor.to(torch.bfloat16), tensor.to(torch.bfloat16).float()
-        save_file(out, str(path))
+        held = write_awq(sd, path)
     positive = torch.randn(1, 6, 24, generator=torch.Generator().manual_seed(1))
     runs = {}
     for mode in ("dequantize", "format"):
