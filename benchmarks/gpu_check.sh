@@ -9,12 +9,12 @@
 # Steps (seconds allowed on the GPU, 600 in all; a step past its limit is stopped, the others still run):
 #   plan       the suite's --gpu-real memory, added up on the meta device and checked against this card  (25)
 #   suite      klein 4B and 9B at their real shapes, bf16: ours vs diffusers vs native (DiT cases, the
-#              step cache's skipped step, text, VAE, end to end); its JSON grows shape by shape       (220)
+#              step cache's skipped step, text, VAE, end to end); its JSON grows shape by shape       (200)
 #   suite_fp8  the same DiT cases with fp8 block weights (ours and native: scaled fp8 as fp8 files
 #              store it; diffusers: its layerwise fp8 casting), edits with 4 references             (120)
 #   formats    every checkpoint format (fp8, nvfp4, int8, GGUF) against bf16, real klein 4B widths   (50)
-#   quant_compute  a klein 4B and 9B step (real widths, 1+4 blocks) from fp8 and nvfp4 files: ours in
-#              format (auto), ours dequantised, native ComfyUI, bf16                                  (50)
+#   quant_compute  a klein 4B and 9B step (real widths, 1+4 blocks) from fp8, nvfp4, W4A8 and AWQ
+#              files: ours in format (auto), ours dequantised, native ComfyUI, bf16                   (70)
 #   control    a FLUX.2 [dev] step under the Fun ControlNet against the plain one, dev's real widths
 #              with half of every part (4 + 24 blocks, 2 control blocks), 1024²                         (30)
 #   streaming  block streaming's cost against resident weights, real klein 4B widths                  (35)
@@ -71,12 +71,13 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, keep its log
 }
 
 step plan 25 "$PYTHON" suite.py --gpu-real --dry-run --shapes klein-4b klein-9b --json "$OUT/plan.json"
-step suite 220 "$PYTHON" suite.py "${SUITE[@]}" --json "$OUT/suite_bf16.json"
+step suite 200 "$PYTHON" suite.py "${SUITE[@]}" --json "$OUT/suite_bf16.json"
 step suite_fp8 120 "$PYTHON" suite.py "${FP8[@]}" --json "$OUT/suite_fp8.json"
 step formats 50 bash -c "set -o pipefail; '$PYTHON' formats_memory.py --device $DEVICE --dtype $DTYPE ${SCALE[*]} \
     --tokens $TOKENS | tail -n 1 > '$OUT/formats.json'"
 if [ "$DRY" = "--dry-run" ]; then QC=(--dry-run); else QC=(--depth 1 --single 4 --size 1024 --repeats 3); fi
-step quant_compute 50 "$PYTHON" quant_compute.py "${QC[@]}" --json "$OUT/quant_compute.json"
+QC+=(--formats fp8 nvfp4 w4a8 awq)
+step quant_compute 70 "$PYTHON" quant_compute.py "${QC[@]}" --json "$OUT/quant_compute.json"
 if [ "$DRY" = "--dry-run" ]; then CC=(--heads 2 --size 64 --text-tokens 8 --share-single --repeats 1)
 else CC=(--quarters 2 --size 1024 --repeats 3); fi
 step control 30 "$PYTHON" control_cost.py --device "$DEVICE" --dtype "$DTYPE" "${CC[@]}" --json "$OUT/control.json"

@@ -48,6 +48,7 @@ from .sampling_checks import activation_bytes, check_batch, check_extrapolation,
 from .steering.control_image import AppliedControl
 from .steering.reference_strength import check_steps_reached
 from .steering.regions import RegionalPrompt, regional_cost
+from .weights.quant_source import working_bytes
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,10 @@ def estimate_memory(
             counts, settings.grid, model.config.hidden_size, dtype.itemsize, settings.batch_size
         )
     activations = sampling_memory(model.config, model.variant, dtype, settings, num_ref, text)
+    rows, cols = settings.grid  # an int8 / W4A8 layer's temporaries (weights.quant_source)
+    activations += working_bytes(
+        model.transformer, settings.batch_size * (text + rows * cols + num_ref), dtype
+    )
     hints = 0
     if control is not None:
         rows, cols = settings.grid

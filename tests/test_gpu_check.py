@@ -37,11 +37,15 @@ def test_gpu_check_dry_run_runs_every_step_and_writes_its_json(tmp_path):
     assert formats["fp8"]["held_bytes"] < formats["bf16"]["held_bytes"]
     quant = json.loads((out / "quant_compute.json").read_text())["shapes"]
     assert set(quant) == {"klein-4b", "klein-9b"}
-    for shape in quant.values():  # the CPU dequantises both (no fp8 or nvfp4 matmul here), and says so
+    for shape in quant.values():  # the CPU dequantises fp8, nvfp4 and AWQ (no kernel here), and says so
         rows = shape["rows"]
         assert {"ours bf16", "ours fp8 auto", "ours fp8 dequantize", "ours nvfp4 auto"} <= set(rows)
+        assert {"ours w4a8 auto", "ours w4a8 dequantize", "ours awq auto", "ours awq dequantize"} <= set(rows)
         assert "compute capability 8.9" in rows["ours fp8 auto"]["choice"]["float8_e4m3fn"]
-        assert 0 < rows["ours nvfp4 dequantize"]["error"] < 0.1
+        assert "int8 (W4A8) matmul" in rows["ours w4a8 auto"]["choice"]["asym_w4a8_int8"]
+        assert "dequantise-then-matmul" in rows["ours awq auto"]["choice"]["awq_w4a16"]
+        for fmt in ("nvfp4", "w4a8", "awq"):
+            assert 0 < rows[f"ours {fmt} dequantize"]["error"] < 0.1, fmt
     control = json.loads((out / "control.json").read_text())
     assert set(control["median_s"]) == {"plain", "controlled"} and control["planned_hint_bytes"] > 0
     assert json.loads((out / "streaming_cost.json").read_text())["identical"] is True

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import Flux2Error
+from ..ops import linears
 from . import kitchen
 from .quant import STORED_ROLES, QuantLayer, dequantize, hadamard
 
@@ -130,6 +131,26 @@ class QuantWeight:
     def weight(self, layer, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         w = dequantize(self.layer, self._stored(layer, device), dtype)
         return w[: layer.out_features, : layer.in_features]
+
+
+def working_bytes(module, rows: int, dtype: torch.dtype) -> int:
+    """The most one int8 or W4A8 layer of ``module`` holds beyond its input and output in one call of ``rows``
+    tokens, by either path (which one runs may be measured only then): in format, the rotated and int8 input
+    (K bytes plus K of ``dtype`` per row), the int32 products and their float32 scaling (8 N per row), and a
+    W4A8 weight decoded to its int8 grid (int32 codes, float32 levels, the grid and its transposed copy:
+    10 N K); dequantised, the weight in float32 and in ``dtype`` (W4A8: its codes and levels, 8 N K more)."""
+    most = 0
+    for _, layer in linears(module):
+        source = getattr(layer.source, "inner", layer.source)  # a streamed layer's own source
+        fmt = getattr(getattr(source, "layer", None), "format", None)
+        if fmt not in ("int8_tensorwise", "asym_w4a8_int8"):
+            continue
+        n, k, size = layer.out_features, layer.in_features, dtype.itemsize
+        w4 = fmt == "asym_w4a8_int8"
+        in_format = rows * k * (size + 1) + rows * n * 8 + (10 * n * k if w4 else 0)
+        dequantized = n * k * (4 + size) + (8 * n * k if w4 else 0)
+        most = max(most, in_format, dequantized)
+    return most
 
 
 def shape_class(label: str, x: torch.Tensor, out_features: int) -> tuple:

@@ -336,3 +336,28 @@ def test_on_a_cpu_in_bfloat16_the_faster_path_is_measured_once_per_shape_class(s
             want = F.linear(x, theirs) if forced else F.linear(x, layer.compute_weight(x.dtype, CPU))
         assert torch.equal(layer(x), want), forced
     quant_source._FASTER.pop(key)
+
+
+def test_the_memory_plan_counts_packed_bytes_and_the_int8_temporaries(sd, tmp_path):
+    """The weights count their packed bytes (codes, scales, codebook) from the header alone, and the sampling
+    estimate gains the widest W4A8 layer's temporaries: single_blocks' linear1 (288 x 32) at 512 text + 16
+    image tokens in float32: the input rotated and in int8 (5 K per row), the int32 products and their
+    scaling (8 N per row) and the weight decoded to its int8 grid (10 N K)."""
+    from flux2_core import estimate_memory
+    from flux2_core.dit.files import DIT_SPEC
+    from flux2_core.weights.loading import weight_bytes
+
+    path, held = tmp_path / "w4a8.safetensors", {}
+    layers = write_with_kitchen(sd, path, AsymW4A8Int8Layout, W4A8, held=held, group_size=16,
+                                convrot_groupsize=16)  # fmt: skip
+    _, planned, _ = weight_bytes(DIT_SPEC, path, torch.float32)
+    with safe_open(str(path), "pt") as f:
+        packed = sum(f.get_tensor(k).nbytes for k in f.keys() if not k.endswith(".comfy_quant") and
+                     any(k.startswith(layer + ".weight") for layer in layers))  # fmt: skip
+    rest = sum(v.numel() * 4 for k, v in sd.items() if k[: -len(".weight")] not in layers)
+    assert planned == packed + rest
+    model = load_transformer(path, variant="distilled")
+    twin = _twin(sd, held, tmp_path)
+    rows, n, k = 512 + 16, 288, 32
+    extra = rows * k * 5 + rows * n * 8 + 10 * n * k
+    assert estimate_memory(model, SETTINGS, None) - estimate_memory(twin, SETTINGS, None) == extra
