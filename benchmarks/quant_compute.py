@@ -189,6 +189,7 @@ def main() -> None:
                 reference = out if reference is None else reference
                 label = "ours bf16" if fmt == "bf16" else f"ours {fmt} {mode}"
                 held = sum(t.numel() * t.element_size() for t in [*net.parameters(), *net.buffers()])
+                print(f"  ({shape} {fmt} {mode}: {seconds * 1000:.1f} ms)", flush=True)
                 rows[label] = {
                     "s": seconds,
                     "error": rel(out, reference),
