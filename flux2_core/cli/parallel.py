@@ -228,16 +228,11 @@ def ranks_for(args: argparse.Namespace, fill: bool) -> Ranks:
     refused = {
         "FLUX.1 Fill [dev]": fill,
         "--offload stream": args.offload != "none",
-        "--lora (with --parallel tensor, each process holds slices of the layers a LoRA patches)": bool(
-            args.lora
-        )
-        and args.parallel == "tensor",
     }
     given = [name for name, on in refused.items() if on]
     if given:
         raise Flux2Error(
             f"--parallel {args.parallel} cannot run with {', '.join(given)}: leave --parallel out"
-            + (", or use --parallel sequence" if args.lora and args.parallel == "tensor" else "")
         )
     if args.device is not None and torch.device(args.device).index is not None:
         raise Flux2Error(

@@ -29,8 +29,8 @@ A run (``torchrun --nproc-per-node N -m flux2_core generate ... --parallel tenso
 on rank 0 only, encode the prompt (and the references); ``broadcast_conditioning`` (and
 ``broadcast_references``, ``broadcast_tensor`` for a start latent or a mask) on every rank; ``sample`` with
 the same settings; rank 0 decodes and writes; ``close_distributed``. Every rank must make the same calls in
-the same order (an interrupt on one rank alone would stall the others). LoRAs are applied under sequence
-parallelism only (tensor parallelism holds slices of the layers they patch).
+the same order (an interrupt on one rank alone would stall the others). LoRAs apply in both modes: under
+tensor parallelism each process adds its slice of every change, cut as its weight is (``lora.shard``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from torch import nn
 from ..ops import linears
 from .keys import DIT, TE, Alias, dit_aliases, group_tensors, text_encoder_aliases
 from .patches import adapter_kind, as_matrix, delta_shape
+from .shard import whole_layers
 
 ADAPTER_PARTS = {"up", "down", "mid", "diff"} | {
     f"lokr_{p}" for p in ("w1", "w2", "w1_a", "w1_b", "w2_a", "w2_b")
@@ -69,7 +70,7 @@ def match_lora(tensors: dict, transformer: nn.Module, text_encoder: nn.Module | 
         ignored=list(unknown),
     )
     layers = {
-        DIT: dict(linears(transformer)),
+        DIT: whole_layers(transformer),  # a tensor-parallel process's slices matched as the whole model
         TE: dict(linears(text_encoder)) if text_encoder is not None else {},
     }
     for key, parts in sorted(adapters.items()):

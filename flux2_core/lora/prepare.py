@@ -44,6 +44,7 @@ from .report import (
     parse_block_strengths,
     text_encoder_status,
 )
+from .shard import shard_patches
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ def prepare_lora(
         raise not_a_lora(name, lora.tensors)
     refuse(name, found, transformer, text_encoder)
     patches, alpha_sources = _build_patches(found, lora.metadata, strength, block_strengths, device)
+    if DIT in patches:  # on a tensor-parallel DiT: this process's slice of each change
+        patches[DIT] = shard_patches(patches[DIT], transformer, name)
     report = _report(name, found, alpha_sources, block_strengths, transformer)
     log.info("%s", report.text())
     return Lora(name, strength, patches, report)

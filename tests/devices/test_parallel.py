@@ -42,6 +42,7 @@ from flux2_core.dit.files import DIT_SPEC, load_transformer
 from flux2_core.dit.step_cache import StepCache
 from flux2_core.dit.transformer import Flux2Transformer
 from flux2_core.errors import Flux2Error
+from flux2_core.lora import prepare_lora, read_lora
 from flux2_core.ops import linears
 from flux2_core.references import ReferenceLatents
 from flux2_core.sampling import SampleRequest, SampleSettings, sample
@@ -67,6 +68,7 @@ RUNS = {
     for name, file, variant, shape in (
         ("klein", "flux-2-klein-4b.safetensors", "distilled", (7, (80, 64), [(3, 3)], 1.0)),
         ("dev", "dev-diffusers.safetensors", "dev", (8, (64, 64), [(4, 4)], 4.0)),
+        ("devlora", "dev-diffusers.safetensors", "dev", (8, (64, 64), [(4, 4)], 4.0)),
         ("kv", "flux-2-klein-4b.safetensors", "kv", (7, (80, 64), [(3, 3)], 1.0)),
         ("fp8", "klein-fp8.safetensors", "distilled", (8, (64, 64), [(2, 4)], 1.0)),
         ("strength", "flux-2-klein-4b.safetensors", "distilled", (7, (80, 64), [(3, 3), (2, 4)], 1.0)),
@@ -74,6 +76,7 @@ RUNS = {
     )
     for mode in ("tensor", "sequence")
 }
+DEV_LORA = "dev-lora.safetensors"  # applied in the devlora cases (see write_dev_lora)
 # per-reference strengths of the cases named after them (the bias travels with the keys in sequence mode)
 STRENGTHS = {
     "strength": (ReferenceStrength(0.5), ReferenceStrength(2.0, 0.0, 0.5)),
@@ -158,8 +161,45 @@ def diffusers_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return {k: v.contiguous() for k, v in out.items()}
 
 
+def write_dev_lora(path: Path) -> None:
+    """A LoRA on every linear of the tiny dev DiT, in the layouts whose patches tensor parallelism cuts
+    differently: BFL low-rank pairs (with alpha on some), diffusers' q / k / v of a fused qkv (row slices),
+    and LoKr on a column-parallel and a row-parallel layer (cut in their delta)."""
+    g = torch.Generator().manual_seed(17)
+    tensors = {}
+    lokr = {"double_blocks.1.txt_mlp.0": ((4, 4), (96, 16)), "single_blocks.0.linear2": ((4, 4), (16, 64))}
+    split = ("double_blocks.0.img_attn.qkv", ("to_q", "to_k", "to_v"))
+    for key, value in sorted(random_state_dict(DEV, seed=0).items()):
+        layer = key.removesuffix(".weight")
+        if value.ndim != 2:
+            continue
+        rows, cols = value.shape
+        if layer in lokr:
+            (a, b), (c, d) = lokr[layer]
+            tensors[f"diffusion_model.{layer}.lokr_w1"] = torch.randn(a, b, generator=g) * 0.3
+            tensors[f"diffusion_model.{layer}.lokr_w2"] = torch.randn(c, d, generator=g) * 0.1
+        elif layer == split[0]:
+            for name in split[1]:
+                prefix = f"transformer.transformer_blocks.0.attn.{name}"
+                tensors[prefix + ".lora_A.weight"] = torch.randn(4, cols, generator=g) * 0.2
+                tensors[prefix + ".lora_B.weight"] = torch.randn(rows // 3, 4, generator=g) * 0.2
+        else:
+            tensors[f"diffusion_model.{layer}.lora_A.weight"] = torch.randn(4, cols, generator=g) * 0.2
+            tensors[f"diffusion_model.{layer}.lora_B.weight"] = torch.randn(rows, 4, generator=g) * 0.2
+            if len(tensors) % 3 == 0:
+                tensors[f"diffusion_model.{layer}.alpha"] = torch.tensor(2.0)
+    save_file(tensors, str(path))
+
+
+def _with_lora(model, root: Path, case: str):
+    if not case.startswith("devlora"):
+        return model
+    return model.with_lora(prepare_lora(read_lora(root / DEV_LORA), model.transformer, strength=0.8))
+
+
 def write_files(root: Path) -> None:
     klein = random_state_dict(KLEIN, seed=1)
+    write_dev_lora(root / DEV_LORA)
     save_file(klein, str(root / "flux-2-klein-4b.safetensors"))
     save_file(diffusers_state_dict(random_state_dict(DEV, seed=2)), str(root / "dev-diffusers.safetensors"))
     save_file(random_state_dict(THREE_HEADS, seed=3), str(root / "three-heads.safetensors"))
@@ -268,6 +308,7 @@ def _worker(rank: int, root: str, port: int) -> None:
         report = {}
         for case, (file, variant, mode, *_) in RUNS.items():
             model = load_transformer_parallel(root / file, mode, variant, torch.float32, "cpu")
+            model = _with_lora(model, root, case)
             ctx, refs = _inputs(root, case) if dist.is_main else (None, None)
             ctx, refs = broadcast_conditioning(ctx), broadcast_references(refs)
             latents = sample(SampleRequest(model, ctx, _settings(case), references=refs))
@@ -335,9 +376,20 @@ def runs(tmp_path_factory):
 
 def _single(root: Path, case: str):
     file, variant, *_ = RUNS[case]
-    model = load_transformer(root / file, variant)
+    model = _with_lora(load_transformer(root / file, variant), root, case)
     ctx, refs = _inputs(root, case)
     return model, sample(SampleRequest(model, ctx, _settings(case), references=refs)).numpy()
+
+
+def test_a_dev_lora_in_parallel_changes_the_result(runs):
+    """The devlora cases equal one process with the LoRA (above, in both modes: under tensor parallelism
+    each rank adds its share of every change); the control: the LoRA changes that result."""
+    root, _ = runs
+    _, with_lora = _single(root, "devlora-tensor")
+    ctx, refs = _inputs(root, "devlora-tensor")
+    plain = load_transformer(root / RUNS["devlora-tensor"][0], "dev")
+    without = sample(SampleRequest(plain, ctx, _settings("devlora-tensor"), references=refs)).numpy()
+    assert np.abs(with_lora - without).max() > 1e-2, "the LoRA barely changes the result"
 
 
 @pytest.mark.parametrize("case", list(RUNS))

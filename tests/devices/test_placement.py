@@ -14,6 +14,7 @@ from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.errors import Flux2Error
 from flux2_core.flux1 import Flux1Transformer
 from flux2_core.flux1.config import Flux1Config
+from flux2_core.ops import linears
 
 
 def test_plan_split_follows_the_shares_and_keeps_runs_contiguous():
@@ -87,6 +88,39 @@ def test_split_fill_model_is_bit_identical():
         whole = net(*args)
         place_blocks(net, ["cpu", "cpu", "cpu"])
         assert torch.equal(net(*args), whole)
+
+
+def test_split_dev_with_a_lora_is_bit_identical(tmp_path):
+    """A dev LoRA on every linear (the guidance embedder, modulations and final layer included) follows each
+    layer to its device: the split model with the LoRA gives the unsplit one's output bit for bit."""
+    from safetensors.torch import save_file
+
+    from flux2_core.lora import applied, prepare_lora, read_lora
+
+    dit = make_diffusers_dit(seed=5, guidance_embeds=True)
+    net = load_transformer(write_bfl_file(dit, tmp_path / "flux2-dev.safetensors")).transformer
+    g, tensors = torch.Generator().manual_seed(6), {}
+    for name, layer in linears(net):
+        tensors[f"diffusion_model.{name}.lora_A.weight"] = (
+            torch.randn(4, layer.in_features, generator=g) * 0.2
+        )
+        tensors[f"diffusion_model.{name}.lora_B.weight"] = (
+            torch.randn(layer.out_features, 4, generator=g) * 0.2
+        )
+    assert "diffusion_model.guidance_in.in_layer.lora_A.weight" in tensors
+    save_file(tensors, str(tmp_path / "dev-lora.safetensors"))
+    lora = prepare_lora(read_lora(tmp_path / "dev-lora.safetensors"), net, strength=0.8)
+    args = {**_inputs(net.config), "guidance": torch.tensor([3.5, 3.5])}
+    with torch.no_grad():
+        plain = net(**args)
+        with applied(net, None, [lora]):
+            whole = net(**args)
+        placement = place_blocks(net, ["cpu", "cpu"])
+        with applied(net, None, [lora]):
+            split = net(**args)
+    assert set(placement.block_device) == {0, 1}
+    assert torch.equal(split, whole)
+    assert (whole - plain).abs().max() > 1e-2, "the LoRA barely changes the output"
 
 
 def test_device_list_is_checked():
