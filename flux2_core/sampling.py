@@ -160,10 +160,8 @@ def estimate_memory(
             counts, settings.grid, model.config.hidden_size, dtype.itemsize, settings.batch_size
         )
     activations = sampling_memory(model.config, model.variant, dtype, settings, num_ref, text)
-    rows, cols = settings.grid  # an int8 / W4A8 layer's temporaries (weights.quant_source)
-    activations += working_bytes(
-        model.transformer, settings.batch_size * (text + rows * cols + num_ref), dtype
-    )
+    tokens = settings.batch_size * (text + settings.grid[0] * settings.grid[1] + num_ref)
+    activations += working_bytes(model.transformer, tokens, dtype)  # an int8 / W4A8 layer's temporaries
     hints = 0
     if control is not None:
         rows, cols = settings.grid
