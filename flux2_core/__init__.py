@@ -107,6 +107,7 @@ from .upscale.tiled import DEFAULT_OVERLAP as TILE_OVERLAP
 from .upscale.tiled import DEFAULT_TILE as TILE_SIZE
 from .upscale.tiled import TiledRefine, tiled_memory, tiled_refine
 from .vae.autoencoder import AutoEncoder, load_vae
+from .weights.hub import MissingComponent
 from .weights.kitchen import MODES as QUANT_COMPUTE_MODES
 
 __all__ = [
@@ -158,6 +159,7 @@ __all__ = [
     "Flux1FillModel",
     "Flux2Config",
     "Flux2Error",
+    "MissingComponent",
     "OutOfMemory",
     "Flux2Model",
     "Flux2Transformer",

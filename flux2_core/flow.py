@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
 from .configs import FLUX2, Family
 from .errors import Flux2Error
+from .limits import check_request
 
 Denoiser = Callable[[torch.Tensor, float], torch.Tensor]  # (x [B, N, C] float32, sigma) -> v
 StepCallback = Callable[[int, int, torch.Tensor], None]  # (step done, total steps, predicted x0)
@@ -119,3 +121,72 @@ def euler(
         if blend is not None:
             x = blend(x, sigmas[i + 1])
     return x
+
+
+# The settings of one run and its schedule: BFL's empirical-mu shift on the image's token count, or a list of
+# sigmas given as is.
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    width: int
+    height: int
+    steps: int
+    guidance: float
+    seed: int
+    batch_size: int = 1
+    sigmas: tuple[float, ...] | None = None  # a given schedule (``with_sigmas``), else the empirical-mu one
+
+    def check(self) -> None:
+        """Every number, with the limit and what to change in the message (``limits.check_request``)."""
+        check_request(self.width, self.height, self.steps, self.guidance, self.seed, self.batch_size)
+        if self.sigmas is not None and (
+            given_sigmas(self.sigmas) != tuple(self.sigmas) or len(self.sigmas) != self.steps + 1
+        ):
+            raise Flux2Error(
+                "a given schedule sets sigmas and steps together: use SampleSettings.with_sigmas()"
+            )
+
+    def with_sigmas(self, sigmas) -> SampleSettings:
+        """These settings running ``sigmas`` as given (``flow.given_sigmas``: checked, a final 0 appended):
+        steps becomes its number of steps, so img2img's strength and step ranges count the list's steps."""
+        given = given_sigmas(sigmas)
+        return replace(self, steps=len(given) - 1, sigmas=given)
+
+    def schedule(self) -> list[float]:
+        """The sigmas of a run from pure noise, ``steps + 1`` values ending at 0."""
+        if self.sigmas is not None:
+            return list(self.sigmas)
+        return get_sigmas(self.steps, self.grid[0] * self.grid[1]).tolist()
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(rows, columns) of the latent grid."""
+        m = FLUX2.size_multiple
+        return self.height // m, self.width // m
+
+
+def compute_empirical_mu(image_seq_len: int, num_steps: int) -> float:
+    """Schedule shift fitted by BFL on the noisy-token count (references are not counted)."""
+    a1, b1 = 8.73809524e-05, 1.89833333
+    a2, b2 = 0.00016927, 0.45666666
+    if image_seq_len > 4300:
+        return a2 * image_seq_len + b2
+    m_200 = a2 * image_seq_len + b2
+    m_10 = a1 * image_seq_len + b1
+    a = (m_200 - m_10) / 190.0
+    return a * num_steps + (m_200 - 200.0 * a)
+
+
+def get_sigmas(num_steps: int, image_seq_len: int) -> torch.Tensor:
+    """[num_steps + 1] float32 sigmas from 1 to 0: exp(mu) / (exp(mu) + 1/t - 1) on t = linspace(1, 0)."""
+    if num_steps < 1:
+        raise Flux2Error(f"steps is {num_steps}: use at least 1 step")
+    return shifted_sigmas(num_steps, compute_empirical_mu(image_seq_len, num_steps))
+
+
+def output_size(width: int | None, height: int | None, reference_size: tuple[int, int] | None = None):
+    """(width, height) to sample: a side left at 0/None takes the first reference's (processed) size, or
+    the family's default size without references."""
+    default = reference_size or (FLUX2.default_size, FLUX2.default_size)
+    return width or default[0], height or default[1]

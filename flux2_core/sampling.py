@@ -1,4 +1,4 @@
-"""FLUX.2 [klein] sampling: the empirical-mu schedule, the checked request, ``sample``.
+"""FLUX.2 [klein] sampling: the checked request, ``sample`` (the settings and schedule: ``flow``).
 
 The denoiser (``denoiser.KleinDenoiser``) gives the velocity of one step for the variant's guidance kind: one
 pass (distilled, KV), true CFG ``v_u + g (v_c - v_u)`` with a negative prompt (base), or the guidance value
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -28,20 +28,21 @@ from .dit.step_cache import StepCache, check_threshold
 from .dit.transformer import REGIONS_AND_REFERENCES, Flux2Model
 from .editing import inpaint_blend
 from .errors import Flux2Error
-from .flow import (
+from .flow import (  # the run's settings and schedule: sampling's names too
+    SampleSettings,
     StepCallback,
+    compute_empirical_mu,  # noqa: F401
     euler,
-    given_sigmas,
+    get_sigmas,  # noqa: F401
     make_noise,
+    output_size,  # noqa: F401
     pack,
-    shifted_sigmas,
     skipped_steps,
     start_from,
     truncate,
     unpack,
 )
 from .hooks import before_each, calling, copies_released
-from .limits import check_request
 from .lora import DIT, patched
 from .references import ReferenceLatents
 from .sampling_checks import activation_bytes, check_batch, check_extrapolation, check_finite, check_strength
@@ -51,71 +52,6 @@ from .steering.regions import RegionalPrompt, regional_cost
 from .weights.quant_source import working_bytes
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SampleSettings:
-    width: int
-    height: int
-    steps: int
-    guidance: float
-    seed: int
-    batch_size: int = 1
-    sigmas: tuple[float, ...] | None = None  # a given schedule (``with_sigmas``), else the empirical-mu one
-
-    def check(self) -> None:
-        """Every number, with the limit and what to change in the message (``limits.check_request``)."""
-        check_request(self.width, self.height, self.steps, self.guidance, self.seed, self.batch_size)
-        if self.sigmas is not None and (
-            given_sigmas(self.sigmas) != tuple(self.sigmas) or len(self.sigmas) != self.steps + 1
-        ):
-            raise Flux2Error(
-                "a given schedule sets sigmas and steps together: use SampleSettings.with_sigmas()"
-            )
-
-    def with_sigmas(self, sigmas) -> SampleSettings:
-        """These settings running ``sigmas`` as given (``flow.given_sigmas``: checked, a final 0 appended):
-        steps becomes its number of steps, so img2img's strength and step ranges count the list's steps."""
-        given = given_sigmas(sigmas)
-        return replace(self, steps=len(given) - 1, sigmas=given)
-
-    def schedule(self) -> list[float]:
-        """The sigmas of a run from pure noise, ``steps + 1`` values ending at 0."""
-        if self.sigmas is not None:
-            return list(self.sigmas)
-        return get_sigmas(self.steps, self.grid[0] * self.grid[1]).tolist()
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        """(rows, columns) of the latent grid."""
-        m = FLUX2.size_multiple
-        return self.height // m, self.width // m
-
-
-def compute_empirical_mu(image_seq_len: int, num_steps: int) -> float:
-    """Schedule shift fitted by BFL on the noisy-token count (references are not counted)."""
-    a1, b1 = 8.73809524e-05, 1.89833333
-    a2, b2 = 0.00016927, 0.45666666
-    if image_seq_len > 4300:
-        return a2 * image_seq_len + b2
-    m_200 = a2 * image_seq_len + b2
-    m_10 = a1 * image_seq_len + b1
-    a = (m_200 - m_10) / 190.0
-    return a * num_steps + (m_200 - 200.0 * a)
-
-
-def get_sigmas(num_steps: int, image_seq_len: int) -> torch.Tensor:
-    """[num_steps + 1] float32 sigmas from 1 to 0: exp(mu) / (exp(mu) + 1/t - 1) on t = linspace(1, 0)."""
-    if num_steps < 1:
-        raise Flux2Error(f"steps is {num_steps}: use at least 1 step")
-    return shifted_sigmas(num_steps, compute_empirical_mu(image_seq_len, num_steps))
-
-
-def output_size(width: int | None, height: int | None, reference_size: tuple[int, int] | None = None):
-    """(width, height) to sample: a side left at 0/None takes the first reference's (processed) size, or
-    the family's default size without references."""
-    default = reference_size or (FLUX2.default_size, FLUX2.default_size)
-    return width or default[0], height or default[1]
 
 
 def check_conditioning(model: Flux2Model, conditioning: torch.Tensor, what: str = "conditioning") -> None:

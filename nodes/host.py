@@ -16,8 +16,7 @@ import os
 
 import torch
 
-from ..flux2_core import Flux2Error, OutOfMemory
-from ..flux2_core.weights.hub import MissingComponent
+from ..flux2_core import Flux2Error, MissingComponent, OutOfMemory
 
 
 class Flux2KleinModule(torch.nn.Module):
