@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 QUANT_COMPUTE_TOOLTIP = (
     "How the layers of a quantised file multiply. auto: in their own format where the GPU can, through "
     "comfy-kitchen as native ComfyUI does (fp8 on RTX 40xx / Ada, Hopper and newer; nvfp4 and mxfp8 on "
-    "Blackwell; convrot_w4a4 everywhere), else dequantised first. dequantize: always dequantised to the "
+    "Blackwell; convrot_w4a4 everywhere; W4A8 on RTX 30xx / Ampere and newer; AWQ where a GPU kernel "
+    "exists; int8 and W4A8 on a CPU where they measure faster than bf16 there), else dequantised first. "
+    "dequantize: always dequantised to the "
     "compute dtype first (the numerics of a bf16 matmul, slower on those GPUs). format: in format wherever "
     "a kernel exists, even comfy-kitchen's slow CPU fallback (for checking). The log says per format which "
     "ran. Memory stays the file's size either way; LoRAs add on top."
