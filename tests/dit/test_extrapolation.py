@@ -126,7 +126,8 @@ def test_the_blend_at_full_noise():
 def test_frequencies_equal_the_upstream_reference():
     """``get_1d_rotary_pos_embed`` with yarn and DyPE on one axis: the same frequencies and scale."""
     upstream_code = reference()
-    rotary, correction_range = upstream_code["get_1d_rotary_pos_embed"], upstream_code["find_correction_range"]
+    rotary = upstream_code["get_1d_rotary_pos_embed"]
+    correction_range = upstream_code["find_correction_range"]
     pos = torch.tensor([1.0], dtype=torch.float64)  # angle = frequency (every one below pi)
     upright = [s for s in SIGMAS if correction_range(1.25 * s * s, 0.75 * s * s, 32, THETA, BASE)[0] <= 16]
     assert len(upright) >= 10
