@@ -4,7 +4,8 @@ Two implementations exist:
 
 - ``sdpa``: PyTorch's ``scaled_dot_product_attention`` (flash / memory-efficient kernels on a GPU, its own
   fused kernel on a CPU);
-- ``matmul``: scores and outputs as two matrix products per chunk of ``CPU_ATTENTION_CHUNK`` queries, which
+- ``matmul``: scores and outputs as two matrix products per chunk of queries (``CPU_ATTENTION_CHUNK`` at most,
+  fewer where the keys are many, so that one chunk's scores stay within ``CPU_SCORE_BYTES``), which
   on some CPUs run faster than PyTorch's CPU kernel in bf16 and fp16 (1.3-1.9x at 1.5k-5.6k tokens on an
   AVX-512 CPU without AMX) and on others far slower (a 2-core CPU with AMX, bf16, klein 4B's 24 heads of
   128: 131 against 34 ms at 1.5k tokens, 1110 against 295 ms at 4.6k).
@@ -37,7 +38,11 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-CPU_ATTENTION_CHUNK = 1024  # query rows per chunk: bounds the [chunk, L] score matrix of each head
+CPU_ATTENTION_CHUNK = 1024  # query rows per chunk at most: bounds the [chunk, L] score matrix of each head
+# One chunk's scores [B, H, rows, Lk] at most (its softmax is as large again): at 4 MP (16.9k tokens, 24
+# heads, bf16) 1024 rows would hold 0.8 GB of scores, twice over, where PyTorch's fused kernel holds little.
+CPU_SCORE_BYTES = 96 * 2**20
+MIN_CHUNK = 16
 CHOICE_ENV = "FLUX2_ATTENTION"
 MEASURED_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -126,14 +131,22 @@ def matmul_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) 
     """Two matmuls per chunk of queries; the error stays at the dtype's precision."""
     out = torch.empty_like(q)
     scale, keys = q.shape[-1] ** -0.5, k.transpose(-1, -2)
-    for start in range(0, q.shape[2], CPU_ATTENTION_CHUNK):
-        rows = slice(start, start + CPU_ATTENTION_CHUNK)
+    chunk = chunk_rows(q, k)
+    for start in range(0, q.shape[2], chunk):
+        rows = slice(start, start + chunk)
         scores = torch.matmul(q[:, :, rows] * scale, keys)
         if bias is not None:
             part = bias if bias.shape[-2] == 1 else bias[..., rows, :]
             scores = scores.masked_fill(~part, -torch.inf) if part.dtype == torch.bool else scores + part
         out[:, :, rows] = torch.matmul(scores.softmax(dim=-1), v)
     return out
+
+
+def chunk_rows(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Query rows per chunk of ``matmul_kernel``: ``CPU_ATTENTION_CHUNK``, fewer when a chunk's scores would
+    pass ``CPU_SCORE_BYTES`` (``MIN_CHUNK`` at least)."""
+    per_row = q.shape[0] * q.shape[1] * k.shape[2] * q.element_size()
+    return max(MIN_CHUNK, min(CPU_ATTENTION_CHUNK, CPU_SCORE_BYTES // max(per_row, 1)))
 
 
 KERNELS: dict[str, Kernel] = {"sdpa": sdpa_kernel, "matmul": matmul_kernel}

@@ -113,3 +113,22 @@ def test_both_kernels_take_a_boolean_mask():
     expected = ((q.float() @ k.float().transpose(-1, -2)) / 4.0 + additive).softmax(-1) @ v.float()
     for kernel in (attention.matmul_kernel, attention.sdpa_kernel):
         torch.testing.assert_close(kernel(q, k, v, allowed).float(), expected, atol=3e-2, rtol=3e-2)
+
+
+def test_the_matmul_kernels_scores_stay_within_their_budget():
+    # at 4 MP (16.9k tokens, 24 heads, bf16) 1024 query rows would hold 0.8 GB of scores (and as much again
+    # for their softmax): the rows shrink with the keys, and the result is the one-shot attention's
+    big = torch.empty(1, 24, 16896, 128, dtype=torch.bfloat16, device="meta")
+    assert attention.chunk_rows(big, big) * 24 * 16896 * 2 <= attention.CPU_SCORE_BYTES
+    small = torch.empty(1, 24, 1536, 128, dtype=torch.bfloat16, device="meta")
+    assert attention.chunk_rows(small, small) == attention.CPU_ATTENTION_CHUNK  # short sequences as before
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 200, 16, generator=g) for _ in range(3))
+    budget = attention.CPU_SCORE_BYTES
+    try:
+        attention.CPU_SCORE_BYTES = 2 * 200 * 4 * 24  # 24 rows a chunk
+        assert attention.chunk_rows(q, k) == 24
+        out = attention.matmul_kernel(q, k, v)
+    finally:
+        attention.CPU_SCORE_BYTES = budget
+    torch.testing.assert_close(out, ((q @ k.transpose(-1, -2)) / 4.0).softmax(-1) @ v, atol=1e-5, rtol=1e-5)
