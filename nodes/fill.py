@@ -11,7 +11,6 @@ from __future__ import annotations
 from ..flux2_core import (
     MAX_BATCH,
     MAX_FILL_GUIDANCE,
-    MAX_SEED,
     MAX_STEP_CACHE,
     MAX_STEPS,
     STEP_CACHE_HELP,
@@ -29,6 +28,7 @@ from ..flux2_core import (
 from . import convert, host, sockets, types
 from .aliases import search_aliases
 from .decode import IMAGE_OUTPUT, decode_samples, tile_inputs
+from .sampler import seed_input
 from .sockets import io
 
 TEXT_TOOLTIP = (
@@ -115,14 +115,7 @@ class Flux1FillSampler(io.ComfyNode):
                 sockets.FillVae.Input("vae", tooltip=TOOLTIPS["vae"]),
                 io.Image.Input("image", tooltip=TOOLTIPS["image"]),
                 io.Mask.Input("mask", tooltip=TOOLTIPS["mask"]),
-                io.Int.Input(
-                    "seed",
-                    tooltip=TOOLTIPS["seed"],
-                    default=0,
-                    min=0,
-                    max=MAX_SEED,
-                    control_after_generate=True,
-                ),
+                seed_input(TOOLTIPS["seed"]),
                 io.Int.Input("steps", tooltip=TOOLTIPS["steps"], default=50, min=1, max=MAX_STEPS),
                 io.Float.Input(
                     "guidance",

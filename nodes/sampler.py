@@ -85,6 +85,11 @@ TOOLTIPS = {
 }
 
 
+def seed_input(tooltip: str) -> io.Int.Input:
+    """The noise seed every sampler node takes (the editor adds its randomize / fixed control after it)."""
+    return io.Int.Input("seed", tooltip=tooltip, default=0, min=0, max=MAX_SEED, control_after_generate=True)
+
+
 class Flux2KleinSampler(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -103,14 +108,7 @@ class Flux2KleinSampler(io.ComfyNode):
             inputs=[
                 sockets.Model.Input("model", tooltip=TOOLTIPS["model"]),
                 sockets.Conditioning.Input("positive", tooltip=TOOLTIPS["positive"]),
-                io.Int.Input(
-                    "seed",
-                    tooltip=TOOLTIPS["seed"],
-                    default=0,
-                    min=0,
-                    max=MAX_SEED,
-                    control_after_generate=True,
-                ),
+                seed_input(TOOLTIPS["seed"]),
                 io.Int.Input("steps", tooltip=TOOLTIPS["steps"], default=4, min=1, max=MAX_STEPS),
                 io.Float.Input(
                     "guidance", tooltip=TOOLTIPS["guidance"], default=1.0, min=0.0, max=MAX_GUIDANCE, step=0.1

@@ -7,7 +7,6 @@ from __future__ import annotations
 from ..flux2_core import (
     FLUX2,
     MAX_GUIDANCE,
-    MAX_SEED,
     MAX_SIZE,
     MAX_STEPS,
     TILE_OVERLAP,
@@ -24,6 +23,7 @@ from ..flux2_core import (
 from . import convert, host, sockets, types
 from .aliases import search_aliases
 from .sampler import TOOLTIPS as SAMPLER_TOOLTIPS
+from .sampler import seed_input
 from .sockets import io
 
 TOOLTIPS = {
@@ -66,14 +66,7 @@ class Flux2KleinTiledRefine(io.ComfyNode):
                 sockets.Conditioning.Input("positive", tooltip=TOOLTIPS["positive"]),
                 sockets.Vae.Input("vae", tooltip=TOOLTIPS["vae"]),
                 io.Image.Input("image", tooltip=TOOLTIPS["image"]),
-                io.Int.Input(
-                    "seed",
-                    tooltip=TOOLTIPS["seed"],
-                    default=0,
-                    min=0,
-                    max=MAX_SEED,
-                    control_after_generate=True,
-                ),
+                seed_input(TOOLTIPS["seed"]),
                 io.Int.Input("steps", tooltip=TOOLTIPS["steps"], default=4, min=1, max=MAX_STEPS),
                 io.Float.Input(
                     "denoise", tooltip=TOOLTIPS["denoise"], default=0.35, min=0.0, max=1.0, step=0.01

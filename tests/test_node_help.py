@@ -3,27 +3,16 @@ every node has both, in step with its schema."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _script(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-help_pages = _script("build_node_help")
+help_pages = load_script("build_node_help")
 DOCS = help_pages.NODE_DOCS  # every registered node, read from its class under the fake host
 
 

@@ -8,7 +8,6 @@ generator that drifts from either fails here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -18,24 +17,15 @@ from pathlib import Path
 
 import pytest
 from node_contract import CONTRACT as NODE_CONTRACT
+from repo_scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / "workflows"
 API = WORKFLOWS / "api"
 
 
-def _load_script(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-build_workflows = _load_script("build_workflows")
-client = _load_script("klein_client")
+build_workflows = load_script("build_workflows")
+client = load_script("klein_client")
 
 # ---------------------------------------------------------------------------------------------------------
 # The contract: link inputs (name -> type, required?), widgets in order, outputs (types in order).
