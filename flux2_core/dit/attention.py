@@ -1,21 +1,27 @@
 """Softmax attention [B, H, L, D] by the faster of its implementations where it runs, chosen by measurement.
 
-Two implementations exist:
+Three implementations exist:
 
 - ``sdpa``: PyTorch's ``scaled_dot_product_attention`` (flash / memory-efficient kernels on a GPU, its own
   fused kernel on a CPU);
-- ``matmul``: scores and outputs as two matrix products per chunk of queries (``CPU_ATTENTION_CHUNK`` at most,
-  fewer where the keys are many, so that one chunk's scores stay within ``CPU_SCORE_BYTES``), which
-  on some CPUs run faster than PyTorch's CPU kernel in bf16 and fp16 (1.3-1.9x at 1.5k-5.6k tokens on an
-  AVX-512 CPU without AMX) and on others far slower (a 2-core CPU with AMX, bf16, klein 4B's 24 heads of
-  128: 131 against 34 ms at 1.5k tokens, 1110 against 295 ms at 4.6k).
+- ``tiled``: scores, softmax and the sum over values as matrix products on tiles of heads and query rows
+  whose scores fit the CPU's caches (``TILE_SCORE_BYTES``; ``tiled-small`` at ``SMALL_TILE_SCORE_BYTES``), so
+  the scores never travel to memory and back. On a 2-core AVX-512 CPU without AMX, bf16, 24-48 heads of 128
+  at 1.5k-4.6k tokens, it ran at 540-650 GFLOP/s against PyTorch's CPU kernel's 200-210 (2.6-3.1x) and the
+  untiled chunks' 270-290;
+- ``matmul``: the same products per chunk of queries over every head (``CPU_ATTENTION_CHUNK`` rows at most,
+  fewer where the keys are many, so that one chunk's scores stay within ``CPU_SCORE_BYTES``), whose scores
+  go through memory. On a 2-core CPU with AMX, bf16, klein 4B's 24 heads of 128, it was far slower than
+  PyTorch's kernel (131 against 34 ms at 1.5k tokens, 1110 against 295 ms at 4.6k). Not measured by
+  ``auto`` (slower than ``tiled`` wherever both ran); ``FLUX2_ATTENTION=matmul`` runs it.
 
 Which one is faster depends on the CPU, the dtype and the shape, so on a CPU in bfloat16 or float16 the
 choice is measured: the first attention of each shape class (device, dtype, heads, head size, and the query
-and key lengths rounded up to powers of two) runs both, twice each, alternating, and the faster by its best
-time serves that class for the rest of the process (logged once at debug level). Everywhere else (a GPU,
-float32) ``sdpa`` runs: its kernels are the fastest there, and in float32 on a CPU it computes the same values
-as the matrix products at the same speed (``benchmarks/suite.py``). ``FLUX2_ATTENTION=sdpa`` or ``matmul``
+and key lengths rounded up to powers of two) runs each of ``MEASURED`` twice, alternating, on its first
+``MEASURED_HEADS`` heads (the time per head is the same), and the fastest by its best time serves that class
+for the rest of the process (logged once at debug level). Everywhere else (a GPU, float32) ``sdpa`` runs: its
+kernels are the fastest there, and in float32 on a CPU it computes the same values as the matrix products at
+the same speed (``benchmarks/suite.py``). ``FLUX2_ATTENTION=sdpa``, ``tiled``, ``tiled-small`` or ``matmul``
 fixes the choice (``auto``, the default, measures).
 
 An optional ``bias`` (broadcast to [B, H, Lq, Lk]) is added to the scaled logits before the softmax, by both
@@ -43,6 +49,11 @@ CPU_ATTENTION_CHUNK = 1024  # query rows per chunk at most: bounds the [chunk, L
 # heads, bf16) 1024 rows would hold 0.8 GB of scores, twice over, where PyTorch's fused kernel holds little.
 CPU_SCORE_BYTES = 96 * 2**20
 MIN_CHUNK = 16
+# One tile's scores in ``tiled_kernel``, the two sizes measured: a share of the last-level cache, and about a
+# core's L2. On a 2-core AVX-512 CPU (32 MiB L3, 2 MiB L2 a core), bf16, 24-48 heads of 128 at 1.5k-4.6k
+# tokens: 4-16 MiB ran 2.1-2.4x the untiled chunks' speed, 2 MiB 10-20% below that, 32 MiB 30% below.
+TILE_SCORE_BYTES = 8 * 2**20
+SMALL_TILE_SCORE_BYTES = 2 * 2**20
 CHOICE_ENV = "FLUX2_ATTENTION"
 MEASURED_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -142,6 +153,43 @@ def matmul_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) 
     return out
 
 
+def tiled_kernel(q, k, v, bias=None, score_bytes: int = TILE_SCORE_BYTES) -> torch.Tensor:
+    """The matrix products of ``matmul_kernel`` on tiles sized for the CPU's caches: a group of heads and
+    query rows whose scores fit ``score_bytes`` runs scores, softmax (in place) and the sum over values
+    before the next tile starts, so the scores are read back from cache rather than memory, and their buffer
+    is small enough for the allocator to reuse instead of asking the system for fresh pages."""
+    out = torch.empty_like(q)
+    scale, keys = q.shape[-1] ** -0.5, k.transpose(-1, -2)
+    heads, rows = tile(q, k, score_bytes)
+    if bias is not None and bias.ndim < 4:
+        bias = bias.view(*(1,) * (4 - bias.ndim), *bias.shape)  # broadcast over batch and heads
+    for h in range(0, q.shape[1], heads):
+        group = slice(h, h + heads)
+        for start in range(0, q.shape[2], rows):
+            part = slice(start, start + rows)
+            scores = torch.matmul(q[:, group, part] * scale, keys[:, group])
+            if bias is not None:
+                b = bias if bias.shape[-2] == 1 else bias[..., part, :]
+                b = b if b.shape[1] == 1 else b[:, group]
+                if b.dtype == torch.bool:
+                    scores.masked_fill_(~b, -torch.inf)
+                else:
+                    scores.add_(b)
+            torch.softmax(scores, dim=-1, out=scores)
+            torch.matmul(scores, v[:, group], out=out[:, group, part])
+    return out
+
+
+def tile(q: torch.Tensor, k: torch.Tensor, score_bytes: int = TILE_SCORE_BYTES) -> tuple[int, int]:
+    """(heads, query rows) of one ``tiled_kernel`` tile: all rows of as many heads as fit ``score_bytes`` of
+    scores, else one head and as many rows as fit (``MIN_CHUNK`` at least)."""
+    per_row = q.shape[0] * k.shape[2] * q.element_size()  # one query row of one head, every batch item
+    fit = max(score_bytes // max(per_row, 1), MIN_CHUNK)
+    if fit >= q.shape[2]:
+        return max(1, min(q.shape[1], fit // max(q.shape[2], 1))), q.shape[2]
+    return 1, fit
+
+
 def chunk_rows(q: torch.Tensor, k: torch.Tensor) -> int:
     """Query rows per chunk of ``matmul_kernel``: ``CPU_ATTENTION_CHUNK``, fewer when a chunk's scores would
     pass ``CPU_SCORE_BYTES`` (``MIN_CHUNK`` at least)."""
@@ -149,7 +197,19 @@ def chunk_rows(q: torch.Tensor, k: torch.Tensor) -> int:
     return max(MIN_CHUNK, min(CPU_ATTENTION_CHUNK, CPU_SCORE_BYTES // max(per_row, 1)))
 
 
-KERNELS: dict[str, Kernel] = {"sdpa": sdpa_kernel, "matmul": matmul_kernel}
+def small_tiled_kernel(q, k, v, bias=None) -> torch.Tensor:
+    return tiled_kernel(q, k, v, bias, SMALL_TILE_SCORE_BYTES)
+
+
+KERNELS: dict[str, Kernel] = {
+    "sdpa": sdpa_kernel,
+    "matmul": matmul_kernel,
+    "tiled": tiled_kernel,
+    "tiled-small": small_tiled_kernel,
+}
+MEASURED = ("sdpa", "tiled", "tiled-small")  # the candidates of ``auto`` (matmul: slower than tiled wherever
+# measured, kept for ``FLUX2_ATTENTION=matmul``)
+MEASURED_HEADS = 8  # the choice is timed on this many heads (the time per head is the same), then run on all
 _CHOSEN: dict[tuple, str] = {}  # shape class -> kernel name, for the process
 
 
@@ -192,11 +252,21 @@ def chosen() -> dict[tuple, str]:
 
 
 def _measure(q, k, v, bias=None) -> tuple[str, torch.Tensor, dict[str, float]]:
+    """Each candidate twice, alternating, on the first ``MEASURED_HEADS`` heads; the fastest by its best
+    time, and its output for every head."""
+    heads = slice(0, MEASURED_HEADS)
+    part = (q[:, heads], k[:, heads], v[:, heads])
+    if bias is not None and bias.shape[1] > 1:
+        bias_part = bias[:, heads]
+    else:
+        bias_part = bias
     best: dict[str, float] = {}
-    outs: dict[str, torch.Tensor] = {}
-    for name in ("sdpa", "matmul", "sdpa", "matmul"):
+    out = None
+    for name in (*MEASURED, *MEASURED):
         start = time.perf_counter()
-        outs[name] = KERNELS[name](q, k, v, bias)
+        out = KERNELS[name](*part, bias_part)
         best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
     name = min(best, key=best.get)
-    return name, outs[name], best
+    if q.shape[1] > MEASURED_HEADS or name != MEASURED[-1]:
+        out = KERNELS[name](q, k, v, bias)
+    return name, out, best

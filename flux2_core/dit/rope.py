@@ -97,12 +97,20 @@ def apply_rope_(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     if table.ndim == 3:
         table = rotation_table(table)
     for start in range(0, x.shape[-2], ROPE_CHUNK):
-        rows = slice(start, start + ROPE_CHUNK)
-        x[..., rows, :] = _rotate(x[..., rows, :], table[rows])
+        part = x[..., start : start + ROPE_CHUNK, :]
+        part.copy_(_rotated(part, table[start : start + ROPE_CHUNK]))  # the cast back is the copy
     return x
 
 
 def _rotate(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return _rotated(x, table).to(x.dtype)
+
+
+def _rotated(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``x`` rotated, in float32."""
     xf = x.float().unflatten(-1, (-1, 1, 2))  # [B, heads, L, D/2, 1, 2]
-    out = table[..., 0] * xf[..., 0] + table[..., 1] * xf[..., 1]  # [B, heads, L, D/2, 2]
-    return out.flatten(-2).to(x.dtype)
+    if x.dtype == torch.float32:
+        out = table[..., 0] * xf[..., 0] + table[..., 1] * xf[..., 1]  # [B, heads, L, D/2, 2]
+    else:  # below float32 the product and the sum as one op (both in float32)
+        out = torch.addcmul(table[..., 0] * xf[..., 0], table[..., 1], xf[..., 1])
+    return out.flatten(-2)

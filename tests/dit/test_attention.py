@@ -17,22 +17,25 @@ def fresh(monkeypatch):
     monkeypatch.delenv(attention.CHOICE_ENV, raising=False)
 
 
-def _counting(monkeypatch, slow: str):
-    """Both kernels with a call count; ``slow`` takes 20 ms longer per call."""
-    calls = {"sdpa": 0, "matmul": 0}
+def _counting(monkeypatch, fast: str):
+    """Every kernel with a call count and the shapes it was called on; all but ``fast`` take 20 ms longer
+    per call."""
+    calls = dict.fromkeys(attention.KERNELS, 0)
+    shapes = []
     real = dict(attention.KERNELS)
 
     def wrap(name):
         def kernel(q, k, v, bias=None):
             calls[name] += 1
-            if name == slow:
+            shapes.append(tuple(q.shape))
+            if name != fast:
                 time.sleep(0.02)
             return real[name](q, k, v, bias)
 
         return kernel
 
     monkeypatch.setattr(attention, "KERNELS", {name: wrap(name) for name in real})
-    return calls
+    return calls, shapes
 
 
 def _qkv(length=100, dtype=torch.bfloat16, heads=2):
@@ -40,34 +43,75 @@ def _qkv(length=100, dtype=torch.bfloat16, heads=2):
     return [torch.randn(1, heads, length, 32, generator=g).to(dtype) for _ in range(3)]
 
 
-@pytest.mark.parametrize("slow, fast", [("sdpa", "matmul"), ("matmul", "sdpa")])
-def test_the_faster_kernel_is_measured_once_per_shape_class_and_kept(monkeypatch, slow, fast):
-    calls = _counting(monkeypatch, slow)
+@pytest.mark.parametrize("fast", attention.MEASURED)
+def test_the_faster_kernel_is_measured_once_per_shape_class_and_kept(monkeypatch, caplog, fast):
+    calls, _ = _counting(monkeypatch, fast)
     q, k, v = _qkv()
-    first = attention.sdpa(q, k, v)
-    assert calls == {"sdpa": 2, "matmul": 2}  # measured: each twice, alternating
-    assert torch.equal(first, attention.KERNELS[fast](q, k, v))  # the result is the chosen kernel's
-    calls.update(sdpa=0, matmul=0)
-    attention.sdpa(*_qkv(length=120))  # the same class (lengths up to 128): no new measurement
-    assert calls == {fast: 1, slow: 0}
-    assert attention.chosen() == {("cpu", torch.bfloat16, 2, 32, 128, 128): fast}
-    attention.sdpa(*_qkv(length=300))  # another class: measured again
-    assert calls == {fast: 3, slow: 2}
+    with caplog.at_level("DEBUG", logger=attention.__name__):
+        first = attention.sdpa(q, k, v)
+        assert all(calls[name] >= 2 for name in attention.MEASURED)  # each twice, alternating
+        assert calls["matmul"] == 0  # not a candidate
+        assert torch.equal(first, attention.KERNELS[fast](q, k, v))  # the result is the chosen kernel's
+        calls.update(dict.fromkeys(calls, 0))
+        attention.sdpa(*_qkv(length=120))  # the same class (lengths up to 128): no new measurement
+        assert calls[fast] == 1 and sum(calls.values()) == 1
+        assert attention.chosen() == {("cpu", torch.bfloat16, 2, 32, 128, 128): fast}
+        attention.sdpa(*_qkv(length=300))  # another class: measured again
+        assert all(calls[name] >= 2 for name in attention.MEASURED)
+    choices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention")]
+    assert len(choices) == 2 and all(f": {fast} (best of 2" in m for m in choices)  # logged once a class
+
+
+def test_the_choice_is_timed_on_a_few_heads_and_run_on_all(monkeypatch):
+    calls, shapes = _counting(monkeypatch, "tiled")
+    heads = attention.MEASURED_HEADS + 4
+    q, k, v = _qkv(heads=heads)
+    out = attention.sdpa(q, k, v)
+    timed = shapes[: 2 * len(attention.MEASURED)]
+    assert all(s[1] == attention.MEASURED_HEADS for s in timed)  # measured on the first heads
+    assert shapes[-1][1] == heads and out.shape == q.shape  # then run once on every head
+    want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert (out.float() - want).abs().max().item() < 2e-2
 
 
 def test_a_gpu_or_float32_runs_pytorchs_kernel_unmeasured(monkeypatch):
-    calls = _counting(monkeypatch, "matmul")
+    calls, _ = _counting(monkeypatch, "sdpa")
     q, k, v = _qkv(dtype=torch.float32)
     assert torch.equal(attention.sdpa(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v))
-    assert calls == {"sdpa": 0, "matmul": 0} and attention.chosen() == {}  # no measurement, no choice
+    assert sum(calls.values()) == 0 and attention.chosen() == {}  # no measurement, no choice
 
 
-@pytest.mark.parametrize("name", ["sdpa", "matmul"])
+@pytest.mark.parametrize("name", list(attention.KERNELS))
 def test_the_environment_fixes_the_choice(monkeypatch, name):
-    calls = _counting(monkeypatch, "sdpa")
+    calls, _ = _counting(monkeypatch, "sdpa")
     monkeypatch.setenv(attention.CHOICE_ENV, name)
     attention.sdpa(*_qkv())
     assert calls[name] == 1 and sum(calls.values()) == 1 and attention.chosen() == {}
+
+
+@pytest.mark.parametrize("score_bytes", [1 << 30, 2 * 120 * 2 * 2, 2 * 120 * 2 * 17])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_tiles_of_heads_or_rows_give_the_one_shot_attention(score_bytes, batch):
+    # every tile shape: all heads at once, one head and the fewest rows, one head and 17 rows (a partial
+    # last tile); batch 2 writes through strided views of the output
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(batch, 3, 120, 16, generator=g) for _ in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    heads, rows = attention.tile(q.bfloat16(), k, score_bytes)
+    assert heads * rows * batch * 120 * 2 <= max(score_bytes, attention.MIN_CHUNK * batch * 120 * 2)
+    got = attention.tiled_kernel(q, k, v, score_bytes=score_bytes)
+    assert (got - want).abs().max().item() < 1e-5  # float32: the same values up to summation order
+    low = attention.tiled_kernel(q.bfloat16(), k.bfloat16(), v.bfloat16(), score_bytes=score_bytes)
+    assert low.dtype == torch.bfloat16 and (low.float() - want).abs().max().item() < 2e-2
+
+
+def test_tiles_group_heads_while_their_scores_fit():
+    q = torch.empty(1, 24, 1536, 128, dtype=torch.bfloat16, device="meta")
+    assert attention.tile(q, q, 8 * 2**20) == (1, 1536)  # 4.7 MB a head: one head of every row
+    assert attention.tile(q, q, 16 * 2**20) == (3, 1536)
+    big = torch.empty(1, 24, 16896, 128, dtype=torch.bfloat16, device="meta")
+    heads, rows = attention.tile(big, big, 8 * 2**20)
+    assert heads == 1 and rows * 16896 * 2 <= 8 * 2**20 and rows > 200
 
 
 def test_the_shape_class_rounds_lengths_up_to_powers_of_two():
@@ -102,6 +146,8 @@ def test_both_kernels_add_the_same_bias(shape):
     expected = ((q.float() @ k.float().transpose(-1, -2)) / 4.0 + bias.float()).softmax(-1) @ v.float()
     torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(attention.sdpa_kernel(q, k, v, bias).float(), expected, atol=3e-2, rtol=3e-2)
+    tiny = attention.tiled_kernel(q, k, v, bias, score_bytes=1)  # one head, MIN_CHUNK rows a tile
+    torch.testing.assert_close(tiny.float(), expected, atol=3e-2, rtol=3e-2)
 
 
 def test_both_kernels_take_a_boolean_mask():
@@ -111,7 +157,7 @@ def test_both_kernels_take_a_boolean_mask():
     allowed[:, 0] = True  # every query keeps a key
     additive = torch.zeros(40, 40).masked_fill(~allowed, -torch.inf)
     expected = ((q.float() @ k.float().transpose(-1, -2)) / 4.0 + additive).softmax(-1) @ v.float()
-    for kernel in (attention.matmul_kernel, attention.sdpa_kernel):
+    for kernel in (attention.matmul_kernel, attention.sdpa_kernel, attention.tiled_kernel):
         torch.testing.assert_close(kernel(q, k, v, allowed).float(), expected, atol=3e-2, rtol=3e-2)
 
 

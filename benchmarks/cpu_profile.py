@@ -1,0 +1,218 @@
+"""Where a DiT step's time goes on a CPU: one step of our DiT at a model's real widths, split by kind of work.
+
+    python benchmarks/cpu_profile.py                                   # klein 4B, 9B and dev widths, bf16
+    python benchmarks/cpu_profile.py --shapes klein-4b --sizes 512 1024 --refs 0 1 --json out.json
+
+Each shape runs at its real widths (hidden size, heads, text width; FLUX.2 [dev] with its guidance embedder)
+with fewer blocks (``--depth`` + ``--single``: the step's share of each kind of work is the same per block),
+random weights, batch 1. Every call of the step's parts is timed by a wrapper (the CPU runs them in order, so
+wall time is theirs) and summed per kind:
+
+- ``linear``: every linear layer's matrix product (``ops.Linear``), and separately the part of it that goes
+  to laying the weights out for the CPU's matrix units on every call (the same products timed once with
+  weights laid out beforehand, ``torch.ops.mkldnn._reorder_linear_weight``, and subtracted; bf16 / fp16);
+- ``attention``: the attention kernel (which one the process chose is listed), its copies included;
+- ``rope``, ``qk norm``, ``modulation`` (the layer norms with shift and scale), ``mlp activation``;
+- ``rest``: everything else inside the step: the gated residuals, the casts, the concatenations and layout
+  copies around attention, the embedders;
+- ``page faults``: the minor page faults the step caused (fresh memory the allocator got from the system and
+  the kernel zeroed), with their count; their time is inside the rows above.
+
+The matmul peak (``suite.matmul_peak``) is measured in the same run, and each row's achieved GFLOP/s (the
+linear and attention FLOPs counted from the shape) is shown against it. ``--json`` writes the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import replace
+
+import klein_shapes  # noqa: F401  (puts the repository on the path)
+import suite_models as sm
+import torch
+import torch.nn.functional as F
+from suite import machine, matmul_peak
+
+from flux2_core import ops
+from flux2_core.configs import DEV_32B, KLEIN_4B, KLEIN_9B
+from flux2_core.dit import attention, layers
+from flux2_core.dit.transformer import Flux2Transformer
+
+# the real widths; blocks reduced so that a bf16 copy fits a 24 GB machine
+SHAPES = {"klein-4b": KLEIN_4B, "klein-9b": KLEIN_9B, "dev": DEV_32B}
+KINDS = ("linear", "attention", "rope", "qk norm", "modulation", "mlp activation")
+
+
+class Timers:
+    """Wall time per kind of work, summed over the wrapped calls of one step."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.linear_shapes: list[tuple[tuple[int, ...], ops.Linear]] = []
+        self.on = False
+
+    def wrap(self, kind: str, fn):
+        def timed(*args, **kwargs):
+            if not self.on:
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.seconds[kind] += time.perf_counter() - start
+            return out
+
+        return timed
+
+
+def instrument(timers: Timers) -> None:
+    """Wrap the step's parts where the blocks look them up (module attributes), for this process."""
+    layers.sdpa = timers.wrap("attention", layers.sdpa)
+    layers.apply_rope_ = timers.wrap("rope", layers.apply_rope_)
+    layers.modulate = timers.wrap("modulation", layers.modulate)
+    layers.RMSNorm.forward = timers.wrap("qk norm", layers.RMSNorm.forward)
+    layers.SwiGLU.forward = timers.wrap("mlp activation", layers.SwiGLU.forward)
+    plain = ops.Linear.forward
+
+    def linear(layer, x):
+        if timers.on:
+            timers.linear_shapes.append((tuple(x.shape), layer))
+        return plain(layer, x)
+
+    ops.Linear.forward = timers.wrap("linear", linear)
+
+
+def relayout_seconds(calls: list[tuple[tuple[int, ...], ops.Linear]], dtype: torch.dtype) -> float | None:
+    """How much of the linear layers' time goes to laying their weights out per call: each product timed as
+    ``F.linear`` does it and with the weight laid out once beforehand (best of 3 each), summed."""
+    mkldnn = torch.ops.mkldnn
+    if dtype not in (torch.bfloat16, torch.float16) or not hasattr(mkldnn, "_reorder_linear_weight"):
+        return None
+    total = 0.0
+    for shape, layer in calls:
+        x = torch.randn(shape, dtype=dtype)
+        w = layer.weight.to(dtype)
+        packed = mkldnn._reorder_linear_weight(w, x.numel() // x.shape[-1])
+        plain = best_of(lambda x=x, w=w: F.linear(x, w), 3)
+        laid = best_of(lambda x=x, p=packed: mkldnn._linear_pointwise(x, p, None, "none", [], ""), 3)
+        total += max(plain - laid, 0.0)
+    return total
+
+
+def best_of(fn, n: int) -> float:
+    fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def build(config, dtype) -> Flux2Transformer:
+    net = Flux2Transformer(config).to(dtype)
+    sm.random_fill_(net, 0)
+    net.compute_dtype = dtype
+    return net.eval()
+
+
+def profile_case(net, case: sm.Case, dtype, timers: Timers, rounds: int) -> dict:
+    dev = net.config.guidance_embed
+    inp = sm.make_inputs(case, net.config.context_in_dim, "cpu", dtype, guidance=4.0 if dev else None)
+    g = inp.extra.get("guidance")
+    with torch.inference_mode():
+
+        def step():
+            return net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, inp.ref, inp.ref_ids, guidance=g)
+
+        step()  # warm-up: the attention kernel's choice is measured here, once per shape class
+        runs = []
+        for _ in range(rounds):
+            timers.seconds.clear()
+            timers.linear_shapes.clear()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            timers.on = True
+            start = time.perf_counter()
+            step()
+            total = time.perf_counter() - start
+            timers.on = False
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+            runs.append((total, dict(timers.seconds), faults, list(timers.linear_shapes)))
+    total, parts, faults, calls = min(runs, key=lambda r: r[0])
+    relayout = relayout_seconds(calls, dtype)
+    parts["rest"] = total - sum(parts.values())
+    return {
+        "total_s": total,
+        "totals_s": [r[0] for r in runs],
+        "parts_s": parts,
+        "relayout_s": relayout,
+        "page_faults": faults,
+        "flops": sm.dit_flops(net.config, case),
+        "attention": {str(k): v for k, v in attention.chosen().items()},
+    }
+
+
+def report_row(label: str, name: str, res: dict, peak: float) -> str:
+    """A markdown row: the step, its GFLOP/s against the peak, each kind's share, the re-layout's share and
+    the memory the page faults brought in."""
+    total = res["total_s"]
+    gflops = res["flops"] / total / 1e9
+    cells = [label, name, f"{total * 1e3:.0f} ms", f"{gflops:.0f} ({100 * gflops / peak:.0f}%)"]
+    cells += [f"{100 * res['parts_s'].get(kind, 0.0) / total:.1f}%" for kind in (*KINDS, "rest")]
+    relayout = res["relayout_s"]
+    cells.append("-" if relayout is None else f"{100 * relayout / total:.1f}%")
+    cells.append(f"{res['page_faults'] * 4 / 1024:.0f} MB")
+    return "| " + " | ".join(cells) + " |"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--sizes", type=int, nargs="+", default=[512, 1024])
+    p.add_argument("--refs", type=int, nargs="+", default=[0, 1], help="references of 512² (edit cases)")
+    p.add_argument("--depth", type=int, default=1, help="double blocks")
+    p.add_argument("--single", type=int, default=4, help="single blocks")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json")
+    args = p.parse_args()
+    dtype = getattr(torch, args.dtype)
+    peak = matmul_peak(torch.device("cpu"), [args.dtype], quick=False)[args.dtype]["gflops"]
+    info = machine(torch.device("cpu"))
+    print(f"{info['cpu']} ({info['cpu_capability']}), {info['torch_threads']} threads, torch {info['torch']}")
+    print(f"{args.dtype} matmul peak {peak:.0f} GFLOP/s")
+    timers = Timers()
+    instrument(timers)
+    head = "| shape | case | step | GFLOP/s (% peak) | " + " | ".join((*KINDS, "rest"))
+    head += " | of linear: weight re-layout | page faults |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    out = {"machine": info, "matmul_peak_gflops": peak, "args": vars(args), "cases": {}}
+    for shape in args.shapes:
+        config = replace(SHAPES[shape], depth=args.depth, depth_single_blocks=args.single)
+        net = build(config, dtype)
+        for size in args.sizes:
+            for refs in args.refs:
+                if refs and size != args.sizes[0]:
+                    continue  # edits at the first size only
+                name = f"t2i {size}²" if not refs else f"edit {size}² + {refs} ref"
+                res = profile_case(net, sm.Case(name, size, refs, 512), dtype, timers, args.rounds)
+                out["cases"][f"{shape} {name}"] = res
+                row = report_row(shape, name, res, peak)
+                print(row, flush=True)
+                lines.append(row)
+        del net
+    print("\n" + "\n".join(lines))
+    cases = out["cases"].values()
+    spread = [statistics.pstdev(r["totals_s"]) / statistics.mean(r["totals_s"]) for r in cases]
+    print(f"\nround-to-round spread of the step (stdev / mean): up to {100 * max(spread):.1f}%")
+    print("attention kernels chosen: " + ", ".join(f"{k}: {v}" for k, v in attention.chosen().items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
