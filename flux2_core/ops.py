@@ -150,10 +150,21 @@ class Linear(nn.Module):
             patch.apply(w.narrow(0, offset, size))
         return w.to(dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``out`` (optional, [..., out_features] in ``x``'s dtype and device, contiguous): a buffer the
+        output may be written to instead of a new tensor, where the plain weight multiplies (the same
+        values: one matrix product either way); the result is what is returned."""
         bias = self.bias
         if bias is not None and (bias.device != x.device or bias.dtype != x.dtype):
             bias = bias.to(device=x.device, dtype=x.dtype)
+        if out is not None and self.source is PLAIN and not self.patches and x.is_contiguous():
+            w, rows = self.source.weight(self, x.dtype, x.device), out.view(-1, self.out_features)
+            flat = x.view(-1, self.in_features)
+            if bias is None:
+                torch.mm(flat, w.t(), out=rows)
+            else:
+                torch.addmm(bias, flat, w.t(), out=rows)
+            return out
         own = getattr(self.source, "linear", None)  # a source with its own matmul in its stored format
         if own is not None and all(hasattr(p, "output") for p in self.patches.values()):
             y = own(self, x)
@@ -161,7 +172,17 @@ class Linear(nn.Module):
                 if self.patches:
                     y = y + self.patch_output(x)
                 return y if bias is None else y + bias
-        return F.linear(x, self.compute_weight(x.dtype, x.device), bias)
+        w = self.compute_weight(x.dtype, x.device)
+        if x.ndim > 2 and not x.is_contiguous() and x.stride(-1) == 1:
+            # rows at a regular stride (a slice of a wider buffer): multiplied where they lie, as the 2-D
+            # product F.linear runs on a contiguous input (bias in the same op), without a copy
+            try:
+                flat = x.view(-1, x.shape[-1])
+            except RuntimeError:
+                flat = None
+            if flat is not None:
+                return F.linear(flat, w, bias).view(*x.shape[:-1], self.out_features)
+        return F.linear(x, w, bias)
 
     def patch_output(self, x: torch.Tensor) -> torch.Tensor:
         """The patches' share of the output, ``x (sum of deltas)^T`` in float32, in ``x``'s dtype."""

@@ -12,6 +12,8 @@ the trade of sequence for heads around attention (Ulysses). Blocks see only thei
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -100,9 +102,12 @@ def gated(x: torch.Tensor, gate: torch.Tensor, out: torch.Tensor) -> torch.Tenso
     return torch.addcmul(x, gate, out) if x.dtype in FUSED_DTYPES else x + gate * out
 
 
-def swiglu(x: torch.Tensor) -> torch.Tensor:
-    """The gate is the first half: silu(gate) * up."""
+def swiglu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The gate is the first half: silu(gate) * up (into ``out`` when given; ``x`` then holds its own
+    scratch copy, whose gate half is overwritten)."""
     gate, up = x.chunk(2, dim=-1)
+    if out is not None:
+        return torch.mul(F.silu(gate, inplace=True), up, out=out)
     return F.silu(gate).mul_(up)
 
 
@@ -111,8 +116,8 @@ class SwiGLU(nn.Module):
 
     inputs_per_output = 2
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu(x)
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return swiglu(x, out)
 
 
 class TanhGELU(nn.GELU):
@@ -138,6 +143,72 @@ class MLPEmbedder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_layer(F.silu(self.in_layer(x)))
+
+
+class Scratch:
+    """Buffers the blocks of one DiT call reuse for their largest temporaries, on a CPU below float32: the
+    single blocks' fused input projection (which also holds their MLP activation, normalised queries and
+    the input of ``linear2``), and the double blocks' image q/k/v projection and MLP input (one buffer: they
+    are not alive at once).
+
+    A tensor above the C allocator's reuse threshold (32 MB with glibc) is fresh memory from the system each
+    time it is made: its pages fault and are zeroed on first touch, in every block (a 1024² klein 4B step
+    at real widths brought in 2.4 GB of such pages, 6% of its time). Held from the first block of a call to
+    its end, one buffer serves every block of a kind, and nothing stays after the call. A single block
+    holds no more than before (its buffer replaces the projection, the activation and the concatenation);
+    a double block holds its buffer through attention, below the single blocks' peak. A buffer's contents
+    are dead once the block that filled it returns.
+    """
+
+    def __init__(self):
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def drop(self, name: str) -> None:
+        """Free the ``name`` buffer (its blocks are done)."""
+        self.buffers.pop(name, None)
+
+    def take(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A contiguous [shape] tensor of ``like``'s dtype and device, in the ``name`` buffer (grown when
+        too small): overwritten by the next ``take`` of that name."""
+        numel = math.prod(shape)
+        buf = self.buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
+            self.buffers[name] = buf = None  # the old buffer goes before its successor is made
+            buf = self.buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return buf[:numel].view(shape)
+
+
+_SCOPE = threading.local()
+
+
+@contextmanager
+def scratch_scope(device: torch.device, dtype: torch.dtype):
+    """Blocks called inside reuse one ``Scratch`` when the call computes on a CPU below float32; elsewhere (a
+    GPU's caching allocator already reuses memory; float32) they allocate as usual."""
+    if torch.device(device).type != "cpu" or dtype not in FUSED_DTYPES or getattr(_SCOPE, "scratch", None):
+        yield
+        return
+    _SCOPE.scratch = Scratch()
+    try:
+        yield
+    finally:
+        _SCOPE.scratch = None
+
+
+def scratch() -> Scratch | None:
+    """The open ``scratch_scope``'s buffers, or None."""
+    return getattr(_SCOPE, "scratch", None)
+
+
+def run_mlp(mlp: nn.Sequential, x: torch.Tensor, name: str | None) -> torch.Tensor:
+    """``mlp(x)`` (``{0: in, 1: act, 2: out}``), its input projection into the ``name`` scratch buffer when
+    one is open."""
+    buffers = scratch() if name else None
+    if buffers is None:
+        return mlp(x)
+    first = mlp[0]
+    hidden = first(x, out=buffers.take(name, (*x.shape[:-1], first.out_features), x))
+    return mlp[2](mlp[1](hidden))
 
 
 NORM_CHUNK = 1024  # tokens normalised at a time below float32
@@ -196,8 +267,12 @@ class SelfAttention(nn.Module):
         self.norm = QKNorm(dim // num_heads)
         self.proj = Linear(dim, dim, bias=bias)
 
-    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return split_qkv(self.qkv(x), self.num_heads, self.norm)
+    def qkv_heads(self, x: torch.Tensor, name: str | None = None) -> tuple[torch.Tensor, ...]:
+        """q, k and v [B, heads, L, head_dim]; the projection in the ``name`` scratch buffer when one is open
+        (v is then a view of it: copy it before the buffer is taken again)."""
+        buffers = scratch() if name else None
+        out = None if buffers is None else buffers.take(name, (*x.shape[:-1], self.qkv.out_features), x)
+        return split_qkv(self.qkv(x, out=out), self.num_heads, self.norm)
 
 
 def split_qkv(qkv: torch.Tensor, num_heads: int, norm: QKNorm) -> tuple[torch.Tensor, ...]:
@@ -282,14 +357,16 @@ class DoubleStreamBlock(nn.Module):
         img_out, txt_out = self.comm.sum_partials(self.img_attn.proj(img_attn), self.txt_attn.proj(txt_attn))
         img, txt = gated(img, img_g1, img_out), gated(txt, txt_g1, txt_out)
         img_out, txt_out = self.comm.sum_partials(
-            self.img_mlp(modulate(img, img_sh2, img_sc2)), self.txt_mlp(modulate(txt, txt_sh2, txt_sc2))
+            run_mlp(self.img_mlp, modulate(img, img_sh2, img_sc2), "double"),
+            run_mlp(self.txt_mlp, modulate(txt, txt_sh2, txt_sc2), None),
         )
         return gated(img, img_g2, img_out), gated(txt, txt_g2, txt_out)
 
     def _joint_qkv(self, img: torch.Tensor, txt: torch.Tensor) -> list[torch.Tensor]:
         """q, k and v of the joint sequence [text; image], each [B, heads, L, D]. Each stream's copy is
         dropped as soon as its joint tensor exists, so at most one of them is held twice."""
-        img_qkv, txt_qkv = list(self.img_attn.qkv_heads(img)), list(self.txt_attn.qkv_heads(txt))
+        img_qkv = list(self.img_attn.qkv_heads(img, "double"))  # the text's is small: allocated
+        txt_qkv = list(self.txt_attn.qkv_heads(txt, None))
         return [torch.cat([txt_qkv.pop(0), img_qkv.pop(0)], dim=2) for _ in range(3)]
 
 
@@ -311,6 +388,9 @@ class SingleStreamBlock(nn.Module):
         self.norm = QKNorm(hidden // num_heads)
 
     def forward(self, x, mod, pe, num_txt, kv=None, attn_bias=None):
+        buffers = scratch()
+        if buffers is not None:
+            return self._forward_in_scratch(x, mod, pe, num_txt, kv, attn_bias, buffers)
         shift, scale, gate = mod
         qkv, mlp = self.linear1(modulate(x, shift, scale)).split([3 * self.hidden, self.mlp_rows], -1)
         # The activation first, then v's own copy (q and k are the norms' outputs): linear1's fused output,
@@ -322,6 +402,32 @@ class SingleStreamBlock(nn.Module):
         attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm, attn_bias=attn_bias)
         del q, k, v
         (out,) = self.comm.sum_partials(self.linear2(torch.cat([attn, mlp], dim=-1)))
+        return gated(x, gate, out)
+
+    def _forward_in_scratch(self, x, mod, pe, num_txt, kv, attn_bias, buffers: Scratch) -> torch.Tensor:
+        """``forward`` in one scratch buffer, linear1's output ``[q | k | v | MLP input]`` per token: the MLP
+        activation is written over the start of the MLP input, the normalised queries over the raw ones,
+        attention's output over v (copied out first), so that ``[attention | activation]``, linear2's
+        input, lies in the buffer already (no concatenation). Keys and values get their own copies (the
+        attention kernels read them fastest contiguous)."""
+        shift, scale, gate = mod
+        h, m = self.hidden, self.mlp_rows // self.act.inputs_per_output
+        rows = buffers.take("single", (*x.shape[:-1], self.linear1.out_features), x)
+        fused = self.linear1(modulate(x, shift, scale), out=rows)
+        mlp = fused[..., 3 * h :]
+        if isinstance(self.act, SwiGLU):
+            gate_half, up = mlp.chunk(2, dim=-1)
+            F.silu(gate_half, inplace=True).mul_(up)
+        else:
+            mlp.copy_(self.act(mlp))
+        q, k, v = rearrange(fused[..., : 3 * h], "B L (K H D) -> K B H L D", K=3, H=self.num_heads)
+        q.copy_(self.norm.query_norm(q))
+        k, v = self.norm.key_norm(k).to(v.dtype), v.contiguous()
+        attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm, attn_bias=attn_bias)
+        del q, k, v
+        fused[..., 2 * h : 3 * h].copy_(attn)
+        del attn
+        (out,) = self.comm.sum_partials(self.linear2(fused[..., 2 * h : 3 * h + m]))
         return gated(x, gate, out)
 
 

@@ -45,6 +45,8 @@ from .layers import (
     Modulation,
     SingleStreamBlock,
     cached_key_bias,
+    scratch,
+    scratch_scope,
     timestep_embedding,
 )
 from .rope import cached_rotation
@@ -200,7 +202,11 @@ class Flux2Transformer(DiT):
             self.single_stream_modulation(vec)[0],
         )
 
-    def _run_blocks(
+    def _run_blocks(self, img, ctx, ids, mods, **kwargs):
+        with scratch_scope(img.device, self.dtype):
+            return self._blocks(img, ctx, ids, mods, **kwargs)
+
+    def _blocks(
         self, img, ctx, ids, mods, cache: RefKVCache | None = None, step_cache=None, attn_bias=None,
         cached_bias=None, hints=None, positions=None,
     ):  # fmt: skip
@@ -238,6 +244,8 @@ class Flux2Transformer(DiT):
                     return self.comm.gather_tokens(_fp16_safe(cached))
         num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
+        if (buffers := scratch()) is not None:
+            buffers.drop("double")  # the double blocks' buffer, before the single blocks' is made
         for i, block in enumerate(self.single_blocks):
             kv = cache.single[i] if cache is not None else None
             h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv, attn_bias=attn_bias))

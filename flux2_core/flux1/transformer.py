@@ -28,6 +28,8 @@ from ..dit.layers import (
     Modulation,
     SingleStreamBlock,
     TanhGELU,
+    scratch,
+    scratch_scope,
     timestep_embedding,
 )
 from ..dit.transformer import DiT
@@ -77,6 +79,10 @@ class Flux1Transformer(DiT):
         self.final_layer = LastLayer(hidden, config.out_channels, bias=True)
 
     def forward(self, x, x_ids, t, ctx, ctx_ids, y, guidance=None, step_cache=None):
+        with scratch_scope(x.device, x.dtype):
+            return self._forward(x, x_ids, t, ctx, ctx_ids, y, guidance, step_cache)
+
+    def _forward(self, x, x_ids, t, ctx, ctx_ids, y, guidance, step_cache):
         dtype = x.dtype
         vec = self.time_in(timestep_embedding(t).to(dtype)) + self.vector_in(y.to(dtype))
         if self.config.guidance_embed:
@@ -96,6 +102,8 @@ class Flux1Transformer(DiT):
                     return self.final_layer(cached, vec)
         num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
+        if (buffers := scratch()) is not None:
+            buffers.drop("double")  # the double blocks' buffer, before the single blocks' is made
         for block in self.single_blocks:
             h = block(h, vec, pe, num_txt=num_txt)
         if step_cache is not None:

@@ -5,14 +5,27 @@ float32 must run the plain form exactly."""
 
 from __future__ import annotations
 
+import weakref
+from contextlib import contextmanager
+
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from tiny_dit import make_diffusers_dit, write_bfl_file
+from tiny_flux1 import write_fill_dit
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from flux2_core.dit import layers, rope
+from flux2_core import ops
+from flux2_core.configs import Flux2Config
+from flux2_core.dit import layers, rope, transformer
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
+from flux2_core.dit.transformer import Flux2Transformer
+from flux2_core.flux1 import transformer as flux1_transformer
+from flux2_core.flux1.dit_files import load_fill_transformer
+from flux2_core.flux1.transformer import image_ids as fill_image_ids
+from flux2_core.flux1.transformer import text_ids as fill_text_ids
 
 LOW = [torch.bfloat16, torch.float16]
 
@@ -110,3 +123,109 @@ def test_float32_runs_the_plain_form_exactly(monkeypatch, tiny):
     default = _forward(path, inputs, torch.float32)
     _plain(monkeypatch)
     assert torch.equal(default, _forward(path, inputs, torch.float32))
+
+
+# ---- scratch buffers (``layers.Scratch``): the same values, no more memory ---------------------------------
+
+
+class _LivePeak(TorchDispatchMode):
+    """The most bytes the tensors made inside held at once (each storage once; views of ``existing``
+    tensors, the weights, are not new)."""
+
+    def __init__(self, existing=()):
+        super().__init__()
+        self.live, self.current, self.peak = {}, 0, 0
+        self.existing = {t.untyped_storage().data_ptr() for t in existing}
+
+    def _freed(self, key):
+        self.current -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key and key not in self.live and key not in self.existing:
+                    self.live[key] = storage.nbytes()
+                    self.current += storage.nbytes()
+                    weakref.finalize(storage, self._freed, key)
+        self.peak = max(self.peak, self.current)
+        return out
+
+
+def _no_scratch(monkeypatch):
+    @contextmanager
+    def closed(device, dtype):
+        yield
+
+    monkeypatch.setattr(transformer, "scratch_scope", closed)
+    monkeypatch.setattr(flux1_transformer, "scratch_scope", closed)
+
+
+def _kv_steps(path, inputs):
+    net = load_transformer(path, variant="kv", dtype=torch.bfloat16).transformer
+    low = {k: v.bfloat16() if v.is_floating_point() and k != "t" else v for k, v in inputs.items()}
+    with torch.inference_mode():
+        cache = net.encode_reference_kv(low["ref"], low["ref_ids"])
+        step = net.forward_kv_cached(low["x"], low["x_ids"], low["t"], low["ctx"], low["ctx_ids"], cache)
+    return [t.clone() for t in (*cache.double[0].get(1), *cache.single[0].get(1))], step
+
+
+def _lora_step(path, inputs):
+    net = load_transformer(path, dtype=torch.bfloat16).transformer
+    g = torch.Generator().manual_seed(9)
+    layer = net.single_blocks[0].linear1
+    down = torch.randn(4, layer.in_features, generator=g)
+    up = torch.randn(layer.out_features, 4, generator=g)
+    net.single_blocks[0].linear1.add_patch("lora", ops.LowRankPatch(up, down))
+    low = {k: v.bfloat16() if v.is_floating_point() and k != "t" else v for k, v in inputs.items()}
+    with torch.inference_mode():
+        return net(**low)
+
+
+def test_scratch_buffers_give_the_same_step_bit_for_bit(monkeypatch, tiny):
+    # plain step with references, the KV model's stored K/V and cached step, a LoRA-patched linear1 (whose
+    # output is its own tensor, not the buffer)
+    path, inputs = tiny
+    reused = (_forward(path, inputs, torch.bfloat16), _kv_steps(path, inputs), _lora_step(path, inputs))
+    _no_scratch(monkeypatch)
+    fresh = (_forward(path, inputs, torch.bfloat16), _kv_steps(path, inputs), _lora_step(path, inputs))
+    assert torch.equal(reused[0], fresh[0])
+    assert all(torch.equal(a, b) for a, b in zip(reused[1][0], fresh[1][0]))  # the stored K/V
+    assert torch.equal(reused[1][1], fresh[1][1])
+    assert torch.equal(reused[2], fresh[2])
+
+
+def test_scratch_buffers_in_flux1_fill_give_the_same_step_bit_for_bit(monkeypatch, tmp_path):
+    # FLUX.1's single block: GELU on one MLP input, biases on every linear layer
+    path = write_fill_dit(tmp_path / "fill.safetensors")
+    net = load_fill_transformer(path, dtype=torch.bfloat16).transformer
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 12, net.config.in_channels, generator=g).bfloat16()
+    ctx = torch.randn(1, 5, net.config.context_in_dim, generator=g).bfloat16()
+    pooled = torch.randn(1, net.config.vec_in_dim, generator=g).bfloat16()
+    args = (x, fill_image_ids(3, 4), torch.tensor([0.5]), ctx, fill_text_ids(5), pooled, torch.tensor([30.0]))
+    with torch.inference_mode():
+        reused = net(*args)
+        _no_scratch(monkeypatch)
+        assert torch.equal(reused, net(*args))
+
+
+def test_scratch_buffers_hold_no_more_than_the_blocks_temporaries(monkeypatch):
+    # a single-block-heavy shape where the blocks' temporaries dominate the step's memory
+    config = Flux2Config(hidden_size=256, num_heads=2, depth=1, depth_single_blocks=3, context_in_dim=48)
+    net = Flux2Transformer(config).bfloat16().eval()
+    for i, p in enumerate(net.parameters()):
+        p.data.normal_(0, 0.05, generator=torch.Generator().manual_seed(i))
+    g = torch.Generator().manual_seed(7)
+    x, ctx = torch.randn(1, 1024, 128, generator=g).bfloat16(), torch.randn(1, 64, 48, generator=g).bfloat16()
+    args = (x, image_ids(32, 32), torch.tensor([0.5]), ctx, text_ids(64))
+    peaks = []
+    for scratch in (True, False):
+        if not scratch:
+            _no_scratch(monkeypatch)
+        with torch.inference_mode(), _LivePeak(net.parameters()) as live:
+            net(*args)
+        peaks.append(live.peak)
+    assert peaks[0] <= peaks[1], peaks
