@@ -77,10 +77,10 @@ def instrument(timers: Timers) -> None:
     layers.SwiGLU.forward = timers.wrap("mlp activation", layers.SwiGLU.forward)
     plain = ops.Linear.forward
 
-    def linear(layer, x):
+    def linear(layer, x, out=None):
         if timers.on:
             timers.linear_shapes.append((tuple(x.shape), layer))
-        return plain(layer, x)
+        return plain(layer, x, out)
 
     ops.Linear.forward = timers.wrap("linear", linear)
 

@@ -17,7 +17,6 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
 _IGNORED: set[int] = set()  # storage addresses that existed before every call (``ignore``)
 
 

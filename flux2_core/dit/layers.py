@@ -23,7 +23,7 @@ from torch import nn
 from ..ops import Linear
 from .attention import sdpa
 from .kv_cache import RefKVLayer
-from .rope import apply_rope_
+from .rope import ROPE_CHUNK, apply_rope_, rotated, rotation_table
 
 NORM_EPS = 1e-6
 
@@ -267,18 +267,42 @@ class SelfAttention(nn.Module):
         self.norm = QKNorm(dim // num_heads)
         self.proj = Linear(dim, dim, bias=bias)
 
-    def qkv_heads(self, x: torch.Tensor, name: str | None = None) -> tuple[torch.Tensor, ...]:
-        """q, k and v [B, heads, L, head_dim]; the projection in the ``name`` scratch buffer when one is open
-        (v is then a view of it: copy it before the buffer is taken again)."""
+    def qkv_heads(self, x: torch.Tensor, name: str | None = None, table=None) -> tuple[torch.Tensor, ...]:
+        """q, k and v [B, heads, L, head_dim] (q and k rotated by ``table`` when given); the projection in
+        the ``name`` scratch buffer when one is open (v is then a view of it: copy it before the buffer is
+        taken again)."""
         buffers = scratch() if name else None
         out = None if buffers is None else buffers.take(name, (*x.shape[:-1], self.qkv.out_features), x)
-        return split_qkv(self.qkv(x, out=out), self.num_heads, self.norm)
+        return split_qkv(self.qkv(x, out=out), self.num_heads, self.norm, table)
 
 
-def split_qkv(qkv: torch.Tensor, num_heads: int, norm: QKNorm) -> tuple[torch.Tensor, ...]:
-    """[B, L, 3 * H] -> normalised q, k and v, each [B, heads, L, head_dim]."""
+def split_qkv(qkv: torch.Tensor, num_heads: int, norm: QKNorm, table=None) -> tuple[torch.Tensor, ...]:
+    """[B, L, 3 * H] -> normalised q, k and v, each [B, heads, L, head_dim]; with ``table`` (a RoPE
+    rotation table of these L tokens) q and k also rotated, in one pass (``norm_rope``)."""
     q, k, v = rearrange(qkv, "B L (K H D) -> K B H L D", K=3, H=num_heads)
+    if table is not None:
+        return norm_rope(q, norm.query_norm, table), norm_rope(k, norm.key_norm, table), v
     return norm.query_norm(q).to(v.dtype), norm.key_norm(k).to(v.dtype), v
+
+
+def rope_table_if_fused(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor | None:
+    """``pe`` where a block normalises and rotates its queries and keys in one pass (below float32), else
+    None (float32: the norm, then the rotation in ``joint_attention``, op for op the references')."""
+    return pe if x.dtype in FUSED_DTYPES else None
+
+
+def norm_rope(x: torch.Tensor, norm: RMSNorm, table: torch.Tensor, out=None) -> torch.Tensor:
+    """``apply_rope_(norm(x), table)`` for [B, heads, L, D] ``x``, a chunk of ``ROPE_CHUNK`` tokens at a
+    time: the norm's statistics, its scale and the rotation in float32, rounded to ``x``'s dtype once (the
+    plain form rounds after the norm, after the scale and after the rotation). ``out`` may be ``x``."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    table = rotation_table(table) if table.ndim == 3 else table
+    weight = norm.scale.to(x.device, torch.float32)
+    for start in range(0, x.shape[-2], ROPE_CHUNK):
+        rows = slice(start, start + ROPE_CHUNK)
+        normed = F.rms_norm(x[..., rows, :].float(), (x.shape[-1],), weight, NORM_EPS)
+        out[..., rows, :].copy_(rotated(normed, table[rows]))
+    return out
 
 
 class Modulation(nn.Module):
@@ -304,8 +328,10 @@ def joint_attention(
     kv: RefKVLayer | None = None,
     comm: LocalComm = LOCAL,
     attn_bias: torch.Tensor | None = None,
+    rotated: bool = False,
 ) -> torch.Tensor:
-    """Attention over the joint sequence after RoPE; returns [B, L, heads * head_dim].
+    """Attention over the joint sequence after RoPE (``rotated``: q and k come rotated already);
+    returns [B, L, heads * head_dim].
 
     - ``kv`` filled: the stored reference K/V are spliced in after the ``num_txt`` text keys.
     - ``kv`` empty: the sequence is the references alone (``encode_reference_kv``); their K/V are stored.
@@ -315,7 +341,8 @@ def joint_attention(
     Under sequence parallelism ``comm`` gathers every token of this process's heads after RoPE (the K/V
     cache then holds those heads for every reference token) and scatters the result back.
     """
-    q, k = apply_rope_(q, pe), apply_rope_(k, pe)  # q and k are this call's own: rotated in place
+    if not rotated:
+        q, k = apply_rope_(q, pe), apply_rope_(k, pe)  # q and k are this call's own: rotated in place
     q, k, v = comm.to_heads(q, k, v)
     if kv is not None and kv.filled:
         k_ref, v_ref = kv.get(q.shape[0])
@@ -350,8 +377,12 @@ class DoubleStreamBlock(nn.Module):
     def forward(self, img, txt, mod_img, mod_txt, pe, kv=None, attn_bias=None):
         (img_sh1, img_sc1, img_g1), (img_sh2, img_sc2, img_g2) = mod_img
         (txt_sh1, txt_sc1, txt_g1), (txt_sh2, txt_sc2, txt_g2) = mod_txt
-        q, k, v = self._joint_qkv(modulate(img, img_sh1, img_sc1), modulate(txt, txt_sh1, txt_sc1))
-        attn = joint_attention(q, k, v, pe, num_txt=txt.shape[1], kv=kv, comm=self.comm, attn_bias=attn_bias)
+        table = rope_table_if_fused(img, pe)
+        q, k, v = self._joint_qkv(modulate(img, img_sh1, img_sc1), modulate(txt, txt_sh1, txt_sc1), table)
+        attn = joint_attention(
+            q, k, v, pe, num_txt=txt.shape[1], kv=kv, comm=self.comm, attn_bias=attn_bias,
+            rotated=table is not None,
+        )  # fmt: skip
         del q, k, v
         txt_attn, img_attn = attn[:, : txt.shape[1]], attn[:, txt.shape[1] :]
         img_out, txt_out = self.comm.sum_partials(self.img_attn.proj(img_attn), self.txt_attn.proj(txt_attn))
@@ -362,11 +393,14 @@ class DoubleStreamBlock(nn.Module):
         )
         return gated(img, img_g2, img_out), gated(txt, txt_g2, txt_out)
 
-    def _joint_qkv(self, img: torch.Tensor, txt: torch.Tensor) -> list[torch.Tensor]:
-        """q, k and v of the joint sequence [text; image], each [B, heads, L, D]. Each stream's copy is
-        dropped as soon as its joint tensor exists, so at most one of them is held twice."""
-        img_qkv = list(self.img_attn.qkv_heads(img, "double"))  # the text's is small: allocated
-        txt_qkv = list(self.txt_attn.qkv_heads(txt, None))
+    def _joint_qkv(self, img: torch.Tensor, txt: torch.Tensor, table=None) -> list[torch.Tensor]:
+        """q, k and v of the joint sequence [text; image], each [B, heads, L, D] (q and k rotated when
+        ``table``, the joint sequence's, is given). Each stream's copy is dropped as soon as its joint
+        tensor exists, so at most one of them is held twice."""
+        num_txt = txt.shape[1]
+        img_table, txt_table = (None, None) if table is None else (table[num_txt:], table[:num_txt])
+        img_qkv = list(self.img_attn.qkv_heads(img, "double", img_table))  # the text's is small: allocated
+        txt_qkv = list(self.txt_attn.qkv_heads(txt, None, txt_table))
         return [torch.cat([txt_qkv.pop(0), img_qkv.pop(0)], dim=2) for _ in range(3)]
 
 
@@ -396,20 +430,24 @@ class SingleStreamBlock(nn.Module):
         # The activation first, then v's own copy (q and k are the norms' outputs): linear1's fused output,
         # mostly the MLP's input rows, is freed before attention rather than held through the block.
         mlp = self.act(mlp)
-        q, k, v = split_qkv(qkv, self.num_heads, self.norm)
+        table = rope_table_if_fused(x, pe)
+        q, k, v = split_qkv(qkv, self.num_heads, self.norm, table)
         v = v.contiguous()
         del qkv
-        attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm, attn_bias=attn_bias)
+        attn = joint_attention(
+            q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm, attn_bias=attn_bias,
+            rotated=table is not None,
+        )  # fmt: skip
         del q, k, v
         (out,) = self.comm.sum_partials(self.linear2(torch.cat([attn, mlp], dim=-1)))
         return gated(x, gate, out)
 
     def _forward_in_scratch(self, x, mod, pe, num_txt, kv, attn_bias, buffers: Scratch) -> torch.Tensor:
         """``forward`` in one scratch buffer, linear1's output ``[q | k | v | MLP input]`` per token: the MLP
-        activation is written over the start of the MLP input, the normalised queries over the raw ones,
-        attention's output over v (copied out first), so that ``[attention | activation]``, linear2's
-        input, lies in the buffer already (no concatenation). Keys and values get their own copies (the
-        attention kernels read them fastest contiguous)."""
+        activation is written over the start of the MLP input, the normalised and rotated queries over the
+        raw ones, attention's output over v (copied out first), so that ``[attention | activation]``,
+        linear2's input, lies in the buffer already (no concatenation). Keys and values get their own
+        copies (the attention kernels read them fastest contiguous)."""
         shift, scale, gate = mod
         h, m = self.hidden, self.mlp_rows // self.act.inputs_per_output
         rows = buffers.take("single", (*x.shape[:-1], self.linear1.out_features), x)
@@ -421,9 +459,11 @@ class SingleStreamBlock(nn.Module):
         else:
             mlp.copy_(self.act(mlp))
         q, k, v = rearrange(fused[..., : 3 * h], "B L (K H D) -> K B H L D", K=3, H=self.num_heads)
-        q.copy_(self.norm.query_norm(q))
-        k, v = self.norm.key_norm(k).to(v.dtype), v.contiguous()
-        attn = joint_attention(q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm, attn_bias=attn_bias)
+        norm_rope(q, self.norm.query_norm, pe, out=q)
+        k, v = norm_rope(k, self.norm.key_norm, pe), v.contiguous()
+        attn = joint_attention(
+            q, k, v, pe, num_txt=num_txt, kv=kv, comm=self.comm, attn_bias=attn_bias, rotated=True
+        )
         del q, k, v
         fused[..., 2 * h : 3 * h].copy_(attn)
         del attn

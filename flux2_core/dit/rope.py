@@ -98,16 +98,16 @@ def apply_rope_(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         table = rotation_table(table)
     for start in range(0, x.shape[-2], ROPE_CHUNK):
         part = x[..., start : start + ROPE_CHUNK, :]
-        part.copy_(_rotated(part, table[start : start + ROPE_CHUNK]))  # the cast back is the copy
+        part.copy_(rotated(part, table[start : start + ROPE_CHUNK]))  # the cast back is the copy
     return x
 
 
 def _rotate(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    return _rotated(x, table).to(x.dtype)
+    return rotated(x, table).to(x.dtype)
 
 
-def _rotated(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``x`` rotated, in float32."""
+def rotated(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., L, D] rotated by ``table`` (``rotation_table`` rows of its L tokens), in float32."""
     xf = x.float().unflatten(-1, (-1, 1, 2))  # [B, heads, L, D/2, 1, 2]
     if x.dtype == torch.float32:
         out = table[..., 0] * xf[..., 0] + table[..., 1] * xf[..., 1]  # [B, heads, L, D/2, 2]

@@ -83,6 +83,29 @@ def test_rope_below_float32_is_the_float32_rotation_rounded_once(dtype):
     assert ((got.float() - exact).abs() <= ulp).all()
 
 
+@pytest.mark.parametrize("dtype", LOW)
+def test_norm_and_rope_in_one_pass_are_the_two_steps_within_rounding(dtype):
+    g = torch.Generator().manual_seed(8)
+    norm = layers.RMSNorm(32)
+    with torch.no_grad():
+        norm.scale.copy_(torch.rand(32, generator=g) + 0.5)
+    norm = norm.to(dtype)
+    ids = torch.cat([text_ids(600), image_ids(30, 30)])  # 1500 tokens: two chunks, the last one partial
+    cos_sin = rope.rope_table(ids, (8,) * 4, 2000)
+    x = (torch.randn(1, 2, 1500, 32, generator=g) * 4).to(dtype)
+    exact = rope.apply_rope_(
+        F.rms_norm(x.float(), (32,), norm.scale.float(), layers.NORM_EPS), rope.rotation_table(cos_sin)
+    )
+    two_steps = rope.apply_rope_(norm(x), rope.rotation_table(cos_sin))
+    for table in (cos_sin, rope.rotation_table(cos_sin)):  # either form of the table
+        fused = layers.norm_rope(x, norm, table)
+        err_fused, err_plain = _errors(fused, two_steps, exact)
+        assert fused.dtype == dtype and err_fused <= err_plain
+    inplace = x.clone()
+    assert layers.norm_rope(inplace, norm, cos_sin, out=inplace) is inplace
+    assert torch.equal(inplace, layers.norm_rope(x, norm, cos_sin))
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = write_bfl_file(make_diffusers_dit(seed=3), tmp_path_factory.mktemp("fused") / "klein.safetensors")
