@@ -183,9 +183,15 @@ _SCOPE = threading.local()
 
 @contextmanager
 def scratch_scope(device: torch.device, dtype: torch.dtype):
-    """Blocks called inside reuse one ``Scratch`` when the call computes on a CPU below float32; elsewhere (a
-    GPU's caching allocator already reuses memory; float32) they allocate as usual."""
-    if torch.device(device).type != "cpu" or dtype not in FUSED_DTYPES or getattr(_SCOPE, "scratch", None):
+    """Blocks called inside reuse one ``Scratch`` when the call computes on a CPU below float32 without
+    gradients; elsewhere (a GPU's caching allocator already reuses memory; float32) they allocate as
+    usual."""
+    if (
+        torch.device(device).type != "cpu"
+        or dtype not in FUSED_DTYPES
+        or torch.is_grad_enabled()  # writing into buffers is for inference only
+        or getattr(_SCOPE, "scratch", None)
+    ):
         yield
         return
     _SCOPE.scratch = Scratch()
@@ -211,7 +217,7 @@ def run_mlp(mlp: nn.Sequential, x: torch.Tensor, name: str | None) -> torch.Tens
     return mlp[2](mlp[1](hidden))
 
 
-NORM_CHUNK = 1024  # tokens normalised at a time below float32
+NORM_CHUNK = 256  # tokens normalised at a time below float32 (as ROPE_CHUNK)
 
 
 def in_token_chunks(fn, x: torch.Tensor, size: int) -> torch.Tensor:
@@ -301,7 +307,7 @@ def norm_rope(x: torch.Tensor, norm: RMSNorm, table: torch.Tensor, out=None) -> 
     for start in range(0, x.shape[-2], ROPE_CHUNK):
         rows = slice(start, start + ROPE_CHUNK)
         normed = F.rms_norm(x[..., rows, :].float(), (x.shape[-1],), weight, NORM_EPS)
-        out[..., rows, :].copy_(rotated(normed, table[rows]))
+        out[..., rows, :].copy_(rotated(normed, table[rows], fused=True))
     return out
 
 
@@ -454,11 +460,13 @@ class SingleStreamBlock(nn.Module):
         fused = self.linear1(modulate(x, shift, scale), out=rows)
         mlp = fused[..., 3 * h :]
         if isinstance(self.act, SwiGLU):
-            gate_half, up = mlp.chunk(2, dim=-1)
-            F.silu(gate_half, inplace=True).mul_(up)
+            F.silu(mlp[..., :m], inplace=True).mul_(mlp[..., m:])
         else:
             mlp.copy_(self.act(mlp))
-        q, k, v = rearrange(fused[..., : 3 * h], "B L (K H D) -> K B H L D", K=3, H=self.num_heads)
+        q, k, v = (
+            fused[..., i * h : (i + 1) * h].unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+            for i in range(3)
+        )
         norm_rope(q, self.norm.query_norm, pe, out=q)
         k, v = norm_rope(k, self.norm.key_norm, pe), v.contiguous()
         attn = joint_attention(

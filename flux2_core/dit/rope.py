@@ -83,7 +83,11 @@ def cached_rotation(
     return cache[key]
 
 
-ROPE_CHUNK = 1024  # tokens rotated at a time: bounds the float32 temporaries of a long sequence
+# Tokens rotated at a time: bounds the float32 temporaries of a long sequence, and keeps them in cache (and
+# below the C allocator's reuse threshold) for the steps that follow on them: at klein 4B's 24 heads,
+# bf16, 4.6k tokens, the norm and rotation in one pass took 19.5 ms in chunks of 128-256 tokens against 29 ms
+# in chunks of 1024 (2-core AVX-512 CPU).
+ROPE_CHUNK = 256
 
 
 def apply_rope_(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -106,10 +110,11 @@ def _rotate(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return rotated(x, table).to(x.dtype)
 
 
-def rotated(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``x`` [..., L, D] rotated by ``table`` (``rotation_table`` rows of its L tokens), in float32."""
+def rotated(x: torch.Tensor, table: torch.Tensor, fused: bool | None = None) -> torch.Tensor:
+    """``x`` [..., L, D] rotated by ``table`` (``rotation_table`` rows of its L tokens), in float32;
+    ``fused`` (default: below float32) forms the product and sum in one op."""
     xf = x.float().unflatten(-1, (-1, 1, 2))  # [B, heads, L, D/2, 1, 2]
-    if x.dtype == torch.float32:
+    if not (x.dtype != torch.float32 if fused is None else fused):
         out = table[..., 0] * xf[..., 0] + table[..., 1] * xf[..., 1]  # [B, heads, L, D/2, 2]
     else:  # below float32 the product and the sum as one op (both in float32)
         out = torch.addcmul(table[..., 0] * xf[..., 0], table[..., 1], xf[..., 1])

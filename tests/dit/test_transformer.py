@@ -317,7 +317,7 @@ def test_rope_in_chunks_is_the_whole_sequences_rotation_bit_for_bit():
     from flux2_core.dit import rope
 
     g = torch.Generator().manual_seed(0)
-    ids = rope.image_ids(40, 60)  # 2400 tokens: three chunks, the last one partial
+    ids = rope.image_ids(40, 60)  # 2400 tokens: several chunks, the last one partial
     table = rope.rotation_table(rope.rope_table(ids, (32, 32, 32, 32), 2000))
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(1, 2, 2400, 128, generator=g).to(dtype)
@@ -333,7 +333,7 @@ def test_qk_norm_in_chunks_is_the_whole_sequences_norm_bit_for_bit(dtype):
     with torch.no_grad():
         norm.scale.copy_(torch.rand(128) + 0.5)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(1, 2, 2400, 128, generator=g).to(dtype)  # three chunks of tokens, the last one partial
+    x = torch.randn(1, 2, 2400, 128, generator=g).to(dtype)  # several chunks of tokens, the last one partial
     assert x.shape[-2] > layers.NORM_CHUNK
     whole = norm._low_precision(x)
     got = norm(x)
