@@ -12,7 +12,8 @@ wall time is theirs) and summed per kind:
   to laying the weights out for the CPU's matrix units on every call (the same products timed once with
   weights laid out beforehand, ``torch.ops.mkldnn._reorder_linear_weight``, and subtracted; bf16 / fp16);
 - ``attention``: the attention kernel (which one the process chose is listed), its copies included;
-- ``rope``, ``qk norm``, ``modulation`` (the layer norms with shift and scale), ``mlp activation``;
+- ``qk norm + rope`` (below float32: one pass, ``layers.norm_rope``), or ``qk norm`` and ``rope`` apart
+  (float32), ``modulation`` (the layer norms with shift and scale), ``mlp activation``;
 - ``rest``: everything else inside the step: the gated residuals, the casts, the concatenations and layout
   copies around attention, the embedders;
 - ``page faults``: the minor page faults the step caused (fresh memory the allocator got from the system and
@@ -45,7 +46,7 @@ from flux2_core.dit.transformer import Flux2Transformer
 
 # the real widths; blocks reduced so that a bf16 copy fits a 24 GB machine
 SHAPES = {"klein-4b": KLEIN_4B, "klein-9b": KLEIN_9B, "dev": DEV_32B}
-KINDS = ("linear", "attention", "rope", "qk norm", "modulation", "mlp activation")
+KINDS = ("linear", "attention", "qk norm + rope", "rope", "qk norm", "modulation", "mlp activation")
 
 
 class Timers:
@@ -72,6 +73,7 @@ def instrument(timers: Timers) -> None:
     """Wrap the step's parts where the blocks look them up (module attributes), for this process."""
     layers.sdpa = timers.wrap("attention", layers.sdpa)
     layers.apply_rope_ = timers.wrap("rope", layers.apply_rope_)
+    layers.norm_rope = timers.wrap("qk norm + rope", layers.norm_rope)
     layers.modulate = timers.wrap("modulation", layers.modulate)
     layers.RMSNorm.forward = timers.wrap("qk norm", layers.RMSNorm.forward)
     layers.SwiGLU.forward = timers.wrap("mlp activation", layers.SwiGLU.forward)
@@ -177,6 +179,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=1, help="double blocks")
     p.add_argument("--single", type=int, default=4, help="single blocks")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--heads", type=int, help="narrower than the real widths: heads x 128 (tests)")
     p.add_argument("--json")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -192,6 +195,8 @@ def main() -> None:
     out = {"machine": info, "matmul_peak_gflops": peak, "args": vars(args), "cases": {}}
     for shape in args.shapes:
         config = replace(SHAPES[shape], depth=args.depth, depth_single_blocks=args.single)
+        if args.heads:
+            config = replace(config, hidden_size=128 * args.heads, num_heads=args.heads, context_in_dim=96)
         net = build(config, dtype)
         for size in args.sizes:
             for refs in args.refs:

@@ -12,8 +12,6 @@ the trade of sequence for heads around attention (Ulysses). Blocks see only thei
 from __future__ import annotations
 
 import math
-import threading
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +21,22 @@ from torch import nn
 from ..ops import Linear
 from .attention import sdpa
 from .kv_cache import RefKVLayer
-from .rope import ROPE_CHUNK, apply_rope_, rotated, rotation_table
-
-NORM_EPS = 1e-6
+from .pointwise import (  # noqa: F401  (the blocks' elementwise steps, importable from here as before)
+    FUSED_DTYPES,
+    NORM_EPS,
+    QKNorm,
+    RMSNorm,
+    SwiGLU,
+    TanhGELU,
+    gated,
+    layer_norm,
+    modulate,
+    norm_rope,
+    rope_table_if_fused,
+    swiglu,
+)
+from .rope import apply_rope_
+from .scratch import Scratch, run_mlp, scratch, scratch_scope  # noqa: F401
 
 
 class LocalComm:
@@ -76,59 +87,6 @@ def timestep_embedding(
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
-# Below float32 the elementwise steps are fused where one PyTorch op computes the same formula in float32
-# and rounds once (the plain form rounds after every op): the same values within the dtype's rounding,
-# fewer passes over memory. float32 keeps the plain form, op for op the references' arithmetic.
-FUSED_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def layer_norm(x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, (x.shape[-1],), eps=NORM_EPS)
-
-
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``(1 + scale) * layer_norm(x) + shift``; shift and scale [B, 1, H]. Below float32, one batch item: the
-    layer norm's own affine step does the modulation (one pass)."""
-    if x.dtype in FUSED_DTYPES:
-        if x.shape[0] == 1 and shift.shape[0] == 1:
-            w, b = (1 + scale).reshape(-1), shift.reshape(-1)
-            return F.layer_norm(x, (x.shape[-1],), w, b, eps=NORM_EPS)
-        return torch.addcmul(shift, layer_norm(x), 1 + scale)
-    return (1 + scale) * layer_norm(x) + shift
-
-
-def gated(x: torch.Tensor, gate: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The residual update ``x + gate * out`` (one op below float32)."""
-    return torch.addcmul(x, gate, out) if x.dtype in FUSED_DTYPES else x + gate * out
-
-
-def swiglu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The gate is the first half: silu(gate) * up (into ``out`` when given; ``x`` then holds its own
-    scratch copy, whose gate half is overwritten)."""
-    gate, up = x.chunk(2, dim=-1)
-    if out is not None:
-        return torch.mul(F.silu(gate, inplace=True), up, out=out)
-    return F.silu(gate).mul_(up)
-
-
-class SwiGLU(nn.Module):
-    """FLUX.2's gated MLP activation: two input rows per output (gate, up)."""
-
-    inputs_per_output = 2
-
-    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        return swiglu(x, out)
-
-
-class TanhGELU(nn.GELU):
-    """FLUX.1's MLP activation: GELU with the tanh approximation, one input row per output."""
-
-    inputs_per_output = 1
-
-    def __init__(self):
-        super().__init__(approximate="tanh")
-
-
 def mlp(hidden: int, mlp_hidden: int, act: nn.Module, bias: bool = False) -> nn.Sequential:
     """``{0: in, 1: act, 2: out}``, the checkpoint layout of every FLUX MLP."""
     rows = act.inputs_per_output * mlp_hidden
@@ -143,124 +101,6 @@ class MLPEmbedder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out_layer(F.silu(self.in_layer(x)))
-
-
-class Scratch:
-    """Buffers the blocks of one DiT call reuse for their largest temporaries, on a CPU below float32: the
-    single blocks' fused input projection (which also holds their MLP activation, normalised queries and
-    the input of ``linear2``), and the double blocks' image q/k/v projection and MLP input (one buffer: they
-    are not alive at once).
-
-    A tensor above the C allocator's reuse threshold (32 MB with glibc) is fresh memory from the system each
-    time it is made: its pages fault and are zeroed on first touch, in every block (a 1024² klein 4B step
-    at real widths brought in 2.4 GB of such pages, 6% of its time). Held from the first block of a call to
-    its end, one buffer serves every block of a kind, and nothing stays after the call. A single block
-    holds no more than before (its buffer replaces the projection, the activation and the concatenation);
-    a double block holds its buffer through attention, below the single blocks' peak. A buffer's contents
-    are dead once the block that filled it returns.
-    """
-
-    def __init__(self):
-        self.buffers: dict[str, torch.Tensor] = {}
-
-    def drop(self, name: str) -> None:
-        """Free the ``name`` buffer (its blocks are done)."""
-        self.buffers.pop(name, None)
-
-    def take(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """A contiguous [shape] tensor of ``like``'s dtype and device, in the ``name`` buffer (grown when
-        too small): overwritten by the next ``take`` of that name."""
-        numel = math.prod(shape)
-        buf = self.buffers.get(name)
-        if buf is None or buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
-            self.buffers[name] = buf = None  # the old buffer goes before its successor is made
-            buf = self.buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
-        return buf[:numel].view(shape)
-
-
-_SCOPE = threading.local()
-
-
-@contextmanager
-def scratch_scope(device: torch.device, dtype: torch.dtype):
-    """Blocks called inside reuse one ``Scratch`` when the call computes on a CPU below float32 without
-    gradients; elsewhere (a GPU's caching allocator already reuses memory; float32) they allocate as
-    usual."""
-    if (
-        torch.device(device).type != "cpu"
-        or dtype not in FUSED_DTYPES
-        or torch.is_grad_enabled()  # writing into buffers is for inference only
-        or getattr(_SCOPE, "scratch", None)
-    ):
-        yield
-        return
-    _SCOPE.scratch = Scratch()
-    try:
-        yield
-    finally:
-        _SCOPE.scratch = None
-
-
-def scratch() -> Scratch | None:
-    """The open ``scratch_scope``'s buffers, or None."""
-    return getattr(_SCOPE, "scratch", None)
-
-
-def run_mlp(mlp: nn.Sequential, x: torch.Tensor, name: str | None) -> torch.Tensor:
-    """``mlp(x)`` (``{0: in, 1: act, 2: out}``), its input projection into the ``name`` scratch buffer when
-    one is open."""
-    buffers = scratch() if name else None
-    if buffers is None:
-        return mlp(x)
-    first = mlp[0]
-    hidden = first(x, out=buffers.take(name, (*x.shape[:-1], first.out_features), x))
-    return mlp[2](mlp[1](hidden))
-
-
-NORM_CHUNK = 256  # tokens normalised at a time below float32 (as ROPE_CHUNK)
-
-
-def in_token_chunks(fn, x: torch.Tensor, size: int) -> torch.Tensor:
-    """``fn(x[..., rows, :])`` for ``size`` tokens (rows of dim -2) at a time, written into one tensor of
-    ``fn``'s output dtype: the values of one call on every token when ``fn`` works token by token, without
-    its temporaries for every token at once."""
-    length = x.shape[-2]
-    if length <= size:
-        return fn(x)
-    first = fn(x[..., :size, :])
-    out = first.new_empty(x.shape)
-    out[..., :size, :] = first
-    for start in range(size, length, size):
-        out[..., start : start + size, :] = fn(x[..., start : start + size, :])
-    return out
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm over head_dim; the weight is named ``scale`` as in the checkpoints."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Statistics in float32, weight applied after the cast back (BFL order); in float32 that is one fused
-        # op giving the very same values. Below float32 the float32 copies are formed for NORM_CHUNK tokens
-        # (rows of dim -2) at a time: the same values, without holding them for a whole long sequence.
-        if x.dtype == torch.float32 and self.scale.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), weight=self.scale, eps=NORM_EPS)
-        if x.ndim < 2:
-            return self._low_precision(x)
-        return in_token_chunks(self._low_precision, x, NORM_CHUNK)
-
-    def _low_precision(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x.float(), (x.shape[-1],), eps=NORM_EPS).to(x.dtype) * self.scale
-
-
-class QKNorm(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.query_norm = RMSNorm(dim)
-        self.key_norm = RMSNorm(dim)
 
 
 class SelfAttention(nn.Module):
@@ -289,26 +129,6 @@ def split_qkv(qkv: torch.Tensor, num_heads: int, norm: QKNorm, table=None) -> tu
     if table is not None:
         return norm_rope(q, norm.query_norm, table), norm_rope(k, norm.key_norm, table), v
     return norm.query_norm(q).to(v.dtype), norm.key_norm(k).to(v.dtype), v
-
-
-def rope_table_if_fused(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor | None:
-    """``pe`` where a block normalises and rotates its queries and keys in one pass (below float32), else
-    None (float32: the norm, then the rotation in ``joint_attention``, op for op the references')."""
-    return pe if x.dtype in FUSED_DTYPES else None
-
-
-def norm_rope(x: torch.Tensor, norm: RMSNorm, table: torch.Tensor, out=None) -> torch.Tensor:
-    """``apply_rope_(norm(x), table)`` for [B, heads, L, D] ``x``, a chunk of ``ROPE_CHUNK`` tokens at a
-    time: the norm's statistics, its scale and the rotation in float32, rounded to ``x``'s dtype once (the
-    plain form rounds after the norm, after the scale and after the rotation). ``out`` may be ``x``."""
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
-    table = rotation_table(table) if table.ndim == 3 else table
-    weight = norm.scale.to(x.device, torch.float32)
-    for start in range(0, x.shape[-2], ROPE_CHUNK):
-        rows = slice(start, start + ROPE_CHUNK)
-        normed = F.rms_norm(x[..., rows, :].float(), (x.shape[-1],), weight, NORM_EPS)
-        out[..., rows, :].copy_(rotated(normed, table[rows], fused=True))
-    return out
 
 
 class Modulation(nn.Module):
@@ -460,7 +280,7 @@ class SingleStreamBlock(nn.Module):
         fused = self.linear1(modulate(x, shift, scale), out=rows)
         mlp = fused[..., 3 * h :]
         if isinstance(self.act, SwiGLU):
-            F.silu(mlp[..., :m], inplace=True).mul_(mlp[..., m:])
+            self.act(mlp, out=mlp[..., :m])
         else:
             mlp.copy_(self.act(mlp))
         q, k, v = (

@@ -1,7 +1,7 @@
-"""Below float32 the DiT's elementwise steps run fused (``layers.FUSED_DTYPES``): one op computing the formula
-in float32 and rounding once, where the plain form rounds after every op. They must give the plain form's
-values within the dtype's rounding (measured against float32 arithmetic, no worse than the plain form), and
-float32 must run the plain form exactly."""
+"""Below float32 the DiT's elementwise steps run fused (``pointwise.FUSED_DTYPES``): one op computing the
+formula in float32 and rounding once, where the plain form rounds after every op. They must give the plain
+form's values within the dtype's rounding (measured against float32 arithmetic, no worse than the plain
+form), and float32 must run the plain form exactly."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flux2_core import ops
 from flux2_core.configs import Flux2Config
-from flux2_core.dit import attention, layers, rope, transformer
+from flux2_core.dit import attention, layers, pointwise, rope, transformer
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.dit.transformer import Flux2Transformer
@@ -31,7 +31,7 @@ LOW = [torch.bfloat16, torch.float16]
 
 
 def _plain(monkeypatch):
-    monkeypatch.setattr(layers, "FUSED_DTYPES", ())
+    monkeypatch.setattr(pointwise, "FUSED_DTYPES", ())
 
 
 def _errors(fused: torch.Tensor, plain: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
@@ -148,7 +148,7 @@ def test_float32_runs_the_plain_form_exactly(monkeypatch, tiny):
     assert torch.equal(default, _forward(path, inputs, torch.float32))
 
 
-# ---- scratch buffers (``layers.Scratch``): the same values, no more memory ---------------------------------
+# ---- scratch buffers (``scratch.Scratch``): the same values, no more memory -------------------------------
 
 
 class _LivePeak(TorchDispatchMode):

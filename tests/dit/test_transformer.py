@@ -327,14 +327,14 @@ def test_rope_in_chunks_is_the_whole_sequences_rotation_bit_for_bit():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_qk_norm_in_chunks_is_the_whole_sequences_norm_bit_for_bit(dtype):
-    from flux2_core.dit import layers
+    from flux2_core.dit import pointwise
 
-    norm = layers.RMSNorm(128)
+    norm = pointwise.RMSNorm(128)
     with torch.no_grad():
         norm.scale.copy_(torch.rand(128) + 0.5)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 2, 2400, 128, generator=g).to(dtype)  # several chunks of tokens, the last one partial
-    assert x.shape[-2] > layers.NORM_CHUNK
+    assert x.shape[-2] > pointwise.NORM_CHUNK
     whole = norm._low_precision(x)
     got = norm(x)
     assert got.dtype == whole.dtype and torch.equal(got, whole)
