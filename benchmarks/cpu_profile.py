@@ -33,10 +33,10 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 
-import klein_shapes  # noqa: F401  (puts the repository on the path)
 import suite_models as sm
 import torch
 import torch.nn.functional as F
+from klein_shapes import timed  # (also puts the repository on the path)
 from suite import machine, matmul_peak
 
 from flux2_core import ops
@@ -58,7 +58,7 @@ class Timers:
         self.on = False
 
     def wrap(self, kind: str, fn):
-        def timed(*args, **kwargs):
+        def wrapped(*args, **kwargs):
             if not self.on:
                 return fn(*args, **kwargs)
             start = time.perf_counter()
@@ -66,7 +66,7 @@ class Timers:
             self.seconds[kind] += time.perf_counter() - start
             return out
 
-        return timed
+        return wrapped
 
 
 def instrument(timers: Timers) -> None:
@@ -98,20 +98,10 @@ def relayout_seconds(calls: list[tuple[tuple[int, ...], ops.Linear]], dtype: tor
         x = torch.randn(shape, dtype=dtype)
         w = layer.weight.to(dtype)
         packed = mkldnn._reorder_linear_weight(w, x.numel() // x.shape[-1])
-        plain = best_of(lambda x=x, w=w: F.linear(x, w), 3)
-        laid = best_of(lambda x=x, p=packed: mkldnn._linear_pointwise(x, p, None, "none", [], ""), 3)
+        plain = timed(lambda x=x, w=w: F.linear(x, w), 3, stat=min)
+        laid = timed(lambda x=x, p=packed: mkldnn._linear_pointwise(x, p, None, "none", [], ""), 3, stat=min)
         total += max(plain - laid, 0.0)
     return total
-
-
-def best_of(fn, n: int) -> float:
-    fn()
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def build(config, dtype) -> Flux2Transformer:

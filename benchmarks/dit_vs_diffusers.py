@@ -14,8 +14,6 @@ shares its unfused tensors and holds its own fused q/k/v, take about 110 GB of t
 
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 
 import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
@@ -25,20 +23,6 @@ from flux2_core.dit.files import DIT_SPEC  # noqa: E402
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids  # noqa: E402
 from flux2_core.weights.checkpoint import Checkpoint  # noqa: E402
 from flux2_core.weights.loading import load_checkpoint  # noqa: E402
-
-
-def timed(fn, repeats: int, device: torch.device) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -82,8 +66,11 @@ def main() -> None:
 
     with torch.inference_mode():
         difference = (run_ours() - run_theirs()[:, : x.shape[1]]).abs().max().item()
-        ours_s, ours_peak = timed(run_ours, args.repeats, device), peak_above(run_ours, device)
-        theirs_s, theirs_peak = timed(run_theirs, args.repeats, device), peak_above(run_theirs, device)
+        ours_s, ours_peak = klein_shapes.timed(run_ours, args.repeats, device), peak_above(run_ours, device)
+        theirs_s, theirs_peak = (
+            klein_shapes.timed(run_theirs, args.repeats, device),
+            peak_above(run_theirs, device),
+        )
     tokens = 512 + joint_x.shape[1]
     single = 4 * args.depth if args.single is None else args.single
     kind = f"dev-shaped (guidance {args.guidance:g})" if embeds else "klein-shaped"

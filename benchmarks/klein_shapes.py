@@ -1,9 +1,12 @@
-"""What the benchmarks share: the command-line options of a klein-shaped DiT and the random DiT itself."""
+"""What the benchmarks share: the command-line options of a klein-shaped DiT, the random DiT itself, and
+timing a call."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -72,3 +75,20 @@ def in_turn(calls: dict, repeats: int, device: torch.device) -> tuple[dict, dict
             sync()
             times[name].append(time.perf_counter() - begin)
     return {name: statistics.median(v) for name, v in times.items()}, times
+
+
+def timed(fn, repeats: int, device: torch.device | str = "cpu", stat=statistics.median) -> float:
+    """``stat`` (the median, or ``min``) of ``repeats`` timed calls of ``fn`` after one warm-up call, the
+    device synchronised around each on a GPU."""
+    device = torch.device(device)
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return stat(times)

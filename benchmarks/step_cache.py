@@ -18,7 +18,6 @@ real model, and the latent changes say nothing of a real image's. The step costs
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
@@ -29,20 +28,6 @@ from flux2_core.dit.rope import image_ids, text_ids  # noqa: E402
 from flux2_core.dit.step_cache import MAX_STEP_CACHE, FirstBlockCache, StepCache  # noqa: E402
 from flux2_core.dit.transformer import Flux2Model  # noqa: E402
 from flux2_core.sampling import SampleRequest, SampleSettings, sample  # noqa: E402
-
-
-def timed(fn, repeats: int, device: torch.device) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -65,10 +50,10 @@ def main() -> None:
         with torch.inference_mode():
             net(x, x_ids, t, ctx, ctx_ids, step_cache=cache)
 
-    full = timed(lambda: step(None), args.repeats, device)
+    full = klein_shapes.timed(lambda: step(None), args.repeats, device)
     skipping = FirstBlockCache(MAX_STEP_CACHE)  # every step after the first it sees is skipped here
     step(skipping)
-    skipped = timed(lambda: step(skipping), args.repeats, device)
+    skipped = klein_shapes.timed(lambda: step(skipping), args.repeats, device)
     blocks = net.config.depth + net.config.depth_single_blocks
     print(
         f"{device} {args.dtype}, {net.config.hidden_size} wide, {net.config.depth}+"

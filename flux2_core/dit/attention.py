@@ -139,18 +139,9 @@ def sdpa_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) ->
 
 
 def matmul_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) -> torch.Tensor:
-    """Two matmuls per chunk of queries; the error stays at the dtype's precision."""
-    out = torch.empty_like(q)
-    scale, keys = q.shape[-1] ** -0.5, k.transpose(-1, -2)
-    chunk = chunk_rows(q, k)
-    for start in range(0, q.shape[2], chunk):
-        rows = slice(start, start + chunk)
-        scores = torch.matmul(q[:, :, rows] * scale, keys)
-        if bias is not None:
-            part = bias if bias.shape[-2] == 1 else bias[..., rows, :]
-            scores = scores.masked_fill(~part, -torch.inf) if part.dtype == torch.bool else scores + part
-        out[:, :, rows] = torch.matmul(scores.softmax(dim=-1), v)
-    return out
+    """Two matmuls per chunk of queries over every head (``chunk_rows``); the error stays at the dtype's
+    precision."""
+    return _in_tiles(q, k, v, bias, q.shape[1], chunk_rows(q, k))
 
 
 def tiled_kernel(q, k, v, bias=None, score_bytes: int = TILE_SCORE_BYTES) -> torch.Tensor:
@@ -158,9 +149,13 @@ def tiled_kernel(q, k, v, bias=None, score_bytes: int = TILE_SCORE_BYTES) -> tor
     query rows whose scores fit ``score_bytes`` runs scores, softmax (in place) and the sum over values
     before the next tile starts, so the scores are read back from cache rather than memory, and their buffer
     is small enough for the allocator to reuse instead of asking the system for fresh pages."""
+    return _in_tiles(q, k, v, bias, *tile(q, k, score_bytes))
+
+
+def _in_tiles(q, k, v, bias, heads: int, rows: int) -> torch.Tensor:
+    """Attention as matrix products, ``heads`` heads and ``rows`` query rows at a time."""
     out = torch.empty_like(q)
     scale, keys = q.shape[-1] ** -0.5, k.transpose(-1, -2)
-    heads, rows = tile(q, k, score_bytes)
     if bias is not None and bias.ndim < 4:
         bias = bias.view(*(1,) * (4 - bias.ndim), *bias.shape)  # broadcast over batch and heads
     for h in range(0, q.shape[1], heads):
@@ -255,18 +250,18 @@ def _measure(q, k, v, bias=None) -> tuple[str, torch.Tensor, dict[str, float]]:
     """Each candidate twice, alternating, on the first ``MEASURED_HEADS`` heads; the fastest by its best
     time, and its output for every head."""
     heads = slice(0, MEASURED_HEADS)
-    part = (q[:, heads], k[:, heads], v[:, heads])
-    if bias is not None and bias.shape[1] > 1:
-        bias_part = bias[:, heads]
-    else:
-        bias_part = bias
+    part = (
+        q[:, heads],
+        k[:, heads],
+        v[:, heads],
+        bias if bias is None or bias.shape[1] == 1 else bias[:, heads],
+    )
     best: dict[str, float] = {}
-    out = None
+    outs: dict[str, torch.Tensor] = {}
     for name in (*MEASURED, *MEASURED):
         start = time.perf_counter()
-        out = KERNELS[name](*part, bias_part)
+        outs[name] = KERNELS[name](*part)
         best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
     name = min(best, key=best.get)
-    if q.shape[1] > MEASURED_HEADS or name != MEASURED[-1]:
-        out = KERNELS[name](q, k, v, bias)
+    out = outs[name] if q.shape[1] <= MEASURED_HEADS else KERNELS[name](q, k, v, bias)
     return name, out, best

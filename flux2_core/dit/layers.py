@@ -113,12 +113,12 @@ class SelfAttention(nn.Module):
         self.norm = QKNorm(dim // num_heads)
         self.proj = Linear(dim, dim, bias=bias)
 
-    def qkv_heads(self, x: torch.Tensor, name: str | None = None, table=None) -> tuple[torch.Tensor, ...]:
+    def qkv_heads(self, x: torch.Tensor, table=None, buffered: bool = False) -> tuple[torch.Tensor, ...]:
         """q, k and v [B, heads, L, head_dim] (q and k rotated by ``table`` when given); the projection in
-        the ``name`` scratch buffer when one is open (v is then a view of it: copy it before the buffer is
-        taken again)."""
-        buffers = scratch() if name else None
-        out = None if buffers is None else buffers.take(name, (*x.shape[:-1], self.qkv.out_features), x)
+        the scratch buffer when ``buffered`` and one is open (v is then a view of it: copy it before the
+        buffer is taken again)."""
+        buffers = scratch() if buffered else None
+        out = None if buffers is None else buffers.take((*x.shape[:-1], self.qkv.out_features), x)
         return split_qkv(self.qkv(x, out=out), self.num_heads, self.norm, table)
 
 
@@ -214,8 +214,8 @@ class DoubleStreamBlock(nn.Module):
         img_out, txt_out = self.comm.sum_partials(self.img_attn.proj(img_attn), self.txt_attn.proj(txt_attn))
         img, txt = gated(img, img_g1, img_out), gated(txt, txt_g1, txt_out)
         img_out, txt_out = self.comm.sum_partials(
-            run_mlp(self.img_mlp, modulate(img, img_sh2, img_sc2), "double"),
-            run_mlp(self.txt_mlp, modulate(txt, txt_sh2, txt_sc2), None),
+            run_mlp(self.img_mlp, modulate(img, img_sh2, img_sc2), buffered=True),
+            run_mlp(self.txt_mlp, modulate(txt, txt_sh2, txt_sc2), buffered=False),
         )
         return gated(img, img_g2, img_out), gated(txt, txt_g2, txt_out)
 
@@ -225,8 +225,8 @@ class DoubleStreamBlock(nn.Module):
         tensor exists, so at most one of them is held twice."""
         num_txt = txt.shape[1]
         img_table, txt_table = (None, None) if table is None else (table[num_txt:], table[:num_txt])
-        img_qkv = list(self.img_attn.qkv_heads(img, "double", img_table))  # the text's is small: allocated
-        txt_qkv = list(self.txt_attn.qkv_heads(txt, None, txt_table))
+        img_qkv = list(self.img_attn.qkv_heads(img, img_table, buffered=True))
+        txt_qkv = list(self.txt_attn.qkv_heads(txt, txt_table))  # the text's is small: allocated
         return [torch.cat([txt_qkv.pop(0), img_qkv.pop(0)], dim=2) for _ in range(3)]
 
 
@@ -276,13 +276,10 @@ class SingleStreamBlock(nn.Module):
         copies (the attention kernels read them fastest contiguous)."""
         shift, scale, gate = mod
         h, m = self.hidden, self.mlp_rows // self.act.inputs_per_output
-        rows = buffers.take("single", (*x.shape[:-1], self.linear1.out_features), x)
+        rows = buffers.take((*x.shape[:-1], self.linear1.out_features), x)
         fused = self.linear1(modulate(x, shift, scale), out=rows)
         mlp = fused[..., 3 * h :]
-        if isinstance(self.act, SwiGLU):
-            self.act(mlp, out=mlp[..., :m])
-        else:
-            mlp.copy_(self.act(mlp))
+        self.act(mlp, out=mlp[..., :m])
         q, k, v = (
             fused[..., i * h : (i + 1) * h].unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
             for i in range(3)

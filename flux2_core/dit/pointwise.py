@@ -57,6 +57,7 @@ class SwiGLU(nn.Module):
     inputs_per_output = 2
 
     def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """silu(gate) * up (into ``out`` when given; it may be the gate half of ``x``)."""
         return swiglu(x, out)
 
 
@@ -67,6 +68,11 @@ class TanhGELU(nn.GELU):
 
     def __init__(self):
         super().__init__(approximate="tanh")
+
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """GELU of ``x`` (into ``out`` when given; it may be ``x``)."""
+        y = super().forward(x)
+        return y if out is None else out.copy_(y)
 
 
 NORM_CHUNK = 256  # tokens normalised at a time below float32 (as ROPE_CHUNK)

@@ -114,8 +114,10 @@ def rotated(x: torch.Tensor, table: torch.Tensor, fused: bool | None = None) -> 
     """``x`` [..., L, D] rotated by ``table`` (``rotation_table`` rows of its L tokens), in float32;
     ``fused`` (default: below float32) forms the product and sum in one op."""
     xf = x.float().unflatten(-1, (-1, 1, 2))  # [B, heads, L, D/2, 1, 2]
-    if not (x.dtype != torch.float32 if fused is None else fused):
-        out = table[..., 0] * xf[..., 0] + table[..., 1] * xf[..., 1]  # [B, heads, L, D/2, 2]
-    else:  # below float32 the product and the sum as one op (both in float32)
+    if fused is None:
+        fused = x.dtype != torch.float32
+    if fused:  # the product and the sum as one op (both in float32)
         out = torch.addcmul(table[..., 0] * xf[..., 0], table[..., 1], xf[..., 1])
+    else:
+        out = table[..., 0] * xf[..., 0] + table[..., 1] * xf[..., 1]  # [B, heads, L, D/2, 2]
     return out.flatten(-2)

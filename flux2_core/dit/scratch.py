@@ -13,35 +13,32 @@ from . import pointwise
 
 
 class Scratch:
-    """Buffers the blocks of one DiT call reuse for their largest temporaries, on a CPU below float32: the
-    single blocks' fused input projection (which also holds their MLP activation, normalised queries and
-    the input of ``linear2``), and the double blocks' image q/k/v projection and MLP input (one buffer: they
-    are not alive at once).
+    """The buffer the blocks of one DiT call reuse for their largest temporary, on a CPU below float32: a
+    double block's image q/k/v projection and then its MLP input, a single block's fused input projection
+    (which also holds its MLP activation, normalised queries and the input of ``linear2``). No two of these
+    are alive at once, and the double blocks all run before the single ones, so one buffer serves them all,
+    grown to the largest (a single block's, over every token).
 
     A tensor above the C allocator's reuse threshold (32 MB with glibc) is fresh memory from the system each
     time it is made: its pages fault and are zeroed on first touch, in every block (a 1024² klein 4B step
     at real widths brought in 2.4 GB of such pages, 6% of its time). Held from the first block of a call to
-    its end, one buffer serves every block of a kind, and nothing stays after the call. A single block
-    holds no more than before (its buffer replaces the projection, the activation and the concatenation);
-    a double block holds its buffer through attention, below the single blocks' peak. A buffer's contents
-    are dead once the block that filled it returns.
+    its end, the buffer serves every block, and nothing stays after the call. A single block holds no more
+    than before (the buffer replaces the projection, the activation and the concatenation); a double block
+    holds it through attention, below the single blocks' peak. Its contents are dead once the block that
+    filled it returns.
     """
 
     def __init__(self):
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.buffer: torch.Tensor | None = None
 
-    def drop(self, name: str) -> None:
-        """Free the ``name`` buffer (its blocks are done)."""
-        self.buffers.pop(name, None)
-
-    def take(self, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        """A contiguous [shape] tensor of ``like``'s dtype and device, in the ``name`` buffer (grown when
-        too small): overwritten by the next ``take`` of that name."""
+    def take(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A contiguous [shape] tensor of ``like``'s dtype and device in the buffer (grown when too small),
+        overwritten by the next ``take``."""
         numel = math.prod(shape)
-        buf = self.buffers.get(name)
+        buf = self.buffer
         if buf is None or buf.numel() < numel or buf.dtype != like.dtype or buf.device != like.device:
-            self.buffers[name] = buf = None  # the old buffer goes before its successor is made
-            buf = self.buffers[name] = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self.buffer = buf = None  # the old buffer goes before its successor is made
+            buf = self.buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
         return buf[:numel].view(shape)
 
 
@@ -73,12 +70,12 @@ def scratch() -> Scratch | None:
     return getattr(_SCOPE, "scratch", None)
 
 
-def run_mlp(mlp: nn.Sequential, x: torch.Tensor, name: str | None) -> torch.Tensor:
-    """``mlp(x)`` (``{0: in, 1: act, 2: out}``), its input projection into the ``name`` scratch buffer when
-    one is open."""
-    buffers = scratch() if name else None
+def run_mlp(mlp: nn.Sequential, x: torch.Tensor, buffered: bool) -> torch.Tensor:
+    """``mlp(x)`` (``{0: in, 1: act, 2: out}``), its input projection in the scratch buffer when
+    ``buffered`` and one is open."""
+    buffers = scratch() if buffered else None
     if buffers is None:
         return mlp(x)
     first = mlp[0]
-    hidden = first(x, out=buffers.take(name, (*x.shape[:-1], first.out_features), x))
+    hidden = first(x, out=buffers.take((*x.shape[:-1], first.out_features), x))
     return mlp[2](mlp[1](hidden))

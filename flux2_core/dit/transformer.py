@@ -45,7 +45,6 @@ from .layers import (
     Modulation,
     SingleStreamBlock,
     cached_key_bias,
-    scratch,
     scratch_scope,
     timestep_embedding,
 )
@@ -244,8 +243,6 @@ class Flux2Transformer(DiT):
                     return self.comm.gather_tokens(_fp16_safe(cached))
         num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
-        if (buffers := scratch()) is not None:
-            buffers.drop("double")  # the double blocks' buffer, before the single blocks' is made
         for i, block in enumerate(self.single_blocks):
             kv = cache.single[i] if cache is not None else None
             h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv, attn_bias=attn_bias))

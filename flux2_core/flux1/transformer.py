@@ -28,7 +28,6 @@ from ..dit.layers import (
     Modulation,
     SingleStreamBlock,
     TanhGELU,
-    scratch,
     scratch_scope,
     timestep_embedding,
 )
@@ -102,8 +101,6 @@ class Flux1Transformer(DiT):
                     return self.final_layer(cached, vec)
         num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
-        if (buffers := scratch()) is not None:
-            buffers.drop("double")  # the double blocks' buffer, before the single blocks' is made
         for block in self.single_blocks:
             h = block(h, vec, pe, num_txt=num_txt)
         if step_cache is not None:
