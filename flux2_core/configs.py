@@ -1,8 +1,9 @@
 """Architecture records, family constants and sampling variants of the FLUX.2 family.
 
-The sizes of a model are always read from its checkpoint (``dit_files.transformer_config``); the named presets
-below are the published shapes, used to put a name on what a file holds and as checks in the tests. Presets
-are frozen: derive new ones with ``dataclasses.replace``.
+The sizes of a model are always read from its checkpoint (``dit.files.transformer_config``,
+``flux1.dit_files.fill_config``); the named presets below are the published shapes, used to put a name on
+what a file holds and as checks in the tests. Presets are frozen: derive new ones with
+``dataclasses.replace``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .configs import FLUX2
 from .errors import Flux2Error
-from .flow import Blend
+from .flow import inpaint_blend  # noqa: F401  (importable here)
 from .limits import MAX_SIZE
 
 MAX_UPSCALE = 4.0  # crop-to-mask enlarges a small box at most this much
@@ -46,17 +46,6 @@ def latent_mask(mask: torch.Tensor, grid: tuple[int, int], batch: int | None = N
     binary = (mask.float() >= 0.5).float()  # diffusers binarises at 0.5 inclusive
     small = F.interpolate(binary, size=grid, mode="bilinear")
     return small.flatten(2).transpose(1, 2)  # [B, h * w, 1]
-
-
-def inpaint_blend(source: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor) -> Blend:
-    """After a step to ``sigma``: keep the sampled latent inside the mask, the source noised to ``sigma``
-    outside it (packed tokens: source and noise [B, N, C], mask [B, N, 1])."""
-
-    def blend(x: torch.Tensor, sigma: float) -> torch.Tensor:
-        known = (1.0 - sigma) * source + sigma * noise
-        return (1.0 - mask) * known + mask * x
-
-    return blend
 
 
 @dataclass

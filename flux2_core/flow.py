@@ -2,7 +2,8 @@
 
 Conventions (BFL, diffusers and ComfyUI agree): x_sigma = (1 - sigma) x0 + sigma noise, the model predicts
 v = noise - x0, and each step is x <- x + (sigma_next - sigma) v, ending at sigma = 0. A *denoiser* is any
-``(x, sigma) -> v`` (the klein denoiser is in ``sampling.py``); the loop knows nothing of models. Its hooks:
+``(x, sigma) -> v`` (FLUX.2's is ``denoiser.Flux2Denoiser``, FLUX.1 Fill's
+``flux1.sampling.FillDenoiser``); the loop knows nothing of models. Its hooks:
 
 - a start latent and a truncated schedule (img2img): ``start_from`` noises the start latent to the first
   sigma, ``truncate`` keeps the last ``strength`` of the schedule;
@@ -190,3 +191,14 @@ def output_size(width: int | None, height: int | None, reference_size: tuple[int
     the family's default size without references."""
     default = reference_size or (FLUX2.default_size, FLUX2.default_size)
     return width or default[0], height or default[1]
+
+
+def inpaint_blend(source: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor) -> Blend:
+    """After a step to ``sigma``: keep the sampled latent inside the mask, the source noised to ``sigma``
+    outside it (packed tokens: source and noise [B, N, C], mask [B, N, 1])."""
+
+    def blend(x: torch.Tensor, sigma: float) -> torch.Tensor:
+        known = (1.0 - sigma) * source + sigma * noise
+        return (1.0 - mask) * known + mask * x
+
+    return blend

@@ -76,6 +76,9 @@ def copies_released(transformer: nn.Module) -> Iterator[None]:
 
 def moved(value, device: torch.device):
     """``value`` (a tensor, or tuples / lists / dicts of them) on ``device``; what is there stays."""
+    mover = getattr(value, "moved_to", None)  # a record of tensors that moves itself (layers.BlockCall)
+    if mover is not None:
+        return mover(device)
     if isinstance(value, torch.Tensor):
         if value.device == device:
             return value

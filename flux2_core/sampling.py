@@ -1,6 +1,6 @@
 """FLUX.2 [klein] sampling: the checked request, ``sample`` (the settings and schedule: ``flow``).
 
-The denoiser (``denoiser.KleinDenoiser``) gives the velocity of one step for the variant's guidance kind: one
+The denoiser (``denoiser.Flux2Denoiser``) gives the velocity of one step for the variant's guidance kind: one
 pass (distilled, KV), true CFG ``v_u + g (v_c - v_u)`` with a negative prompt (base), or the guidance value
 fed to the model (dev). The KV model runs every step, the first included, against the references' K/V,
 computed once before the loop (or handed in, to reuse across runs). The loop is ``flow.euler``. The timestep
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
-from .denoiser import PROMPTS_FOR_BATCH, KleinDenoiser, dit_call
+from .denoiser import PROMPTS_FOR_BATCH, Flux2Denoiser
 from .devices.streaming import streamer_of
+from .dit.call import REGIONS_AND_REFERENCES, call_extras
 from .dit.control import Flux2ControlNet, hint_bytes
 from .dit.extrapolation import PositionExtrapolation
 from .dit.kv_cache import RefKVCache
-from .dit.rope import image_ids, reference_ids, text_ids
+from .dit.rope import image_ids, reference_ids
 from .dit.step_cache import StepCache, check_threshold
-from .dit.transformer import REGIONS_AND_REFERENCES, Flux2Model
-from .editing import inpaint_blend
+from .dit.transformer import Flux2Model
 from .errors import Flux2Error
 from .flow import (  # the run's settings and schedule: sampling's names too
     SampleSettings,
@@ -34,6 +34,7 @@ from .flow import (  # the run's settings and schedule: sampling's names too
     compute_empirical_mu,  # noqa: F401
     euler,
     get_sigmas,  # noqa: F401
+    inpaint_blend,
     make_noise,
     output_size,  # noqa: F401
     pack,
@@ -239,29 +240,30 @@ def sample(request: SampleRequest) -> torch.Tensor:
     """Generate latents [B, 128, H/16, W/16] (float32, CPU) for ``request`` (its fields: what each does)."""
     model, settings, references = request.model, request.settings, request.references
     _report_guidance(request)
-    grid = settings.grid
-    kv_cache = request.kv_cache if model.variant.kv_cache else None
-    if model.variant.kv_cache and references is not None and len(references) and kv_cache is None:
-        kv_cache = encode_reference_kv(model, references)
-    cache = StepCache.of(request.step_cache)
-    cache.start(len(request.conds))
-    schedule = settings.schedule()
-    denoise = KleinDenoiser(request, schedule, kv_cache, cache)
-    sigmas = truncate(schedule, request.strength)
+    net, grid, device = model.transformer, settings.grid, model.transformer.device
     # Latents stay float32 on the model's device for the whole run; the noise is drawn on the CPU.
-    device = model.transformer.device
     noise = pack(make_noise(settings.batch_size, settings.height, settings.width, settings.seed)).to(device)
-    start, mask = request.start, request.mask
-    source = pack(start.float()).to(device).expand_as(noise) if start is not None else None
-    x = start_from(noise, source, sigmas[0])
+    source = None if request.start is None else pack(request.start.float()).to(device).expand_as(noise)
+    mask = request.mask
     blend = None if mask is None else inpaint_blend(source, mask.float().to(device), noise)
+    schedule = settings.schedule()
+    sigmas = truncate(schedule, request.strength)
+    x = start_from(noise, source, sigmas[0])
     callback = request.callback
     report = None if callback is None else (lambda step, total, x0: callback(step, total, unpack(x0, *grid)))
     control = request.control
     if control is not None and next(control.net.parameters()).device != device:
         control.net.to(device)  # beside the DiT (a host's model manager has put it there already)
-    with model_run(model, request.interrupt):
-        x = euler(denoise, x, sigmas, report, blend)
+    cache = StepCache.of(request.step_cache)
+    cache.start(len(request.conds))
+    # the run's setting of the model (``model_run``): LoRAs applied, the interrupt before every block, a
+    # streamed model's device copies released however the run ends
+    interrupt = before_each(net.blocks(), calling(request.interrupt))
+    with copies_released(net), interrupt, patched(net, DIT, model.loras):
+        kv_cache = request.kv_cache if model.variant.kv_cache else None
+        if model.variant.kv_cache and references is not None and len(references) and kv_cache is None:
+            kv_cache = net.encode_reference_kv(references.tokens.to(device, net.dtype), references.ids)
+        x = euler(Flux2Denoiser(request, schedule, kv_cache, cache), x, sigmas, report, blend)
     if cache.passes:
         log.info("%s", cache.describe())
     check_finite(x, NAN_CAUSES)
@@ -292,22 +294,26 @@ def latent_velocity(
     net = model.transformer
     device, dtype = net.device, net.dtype
     b, _, h, w = x.shape
-    tokens, x_ids = pack(x).to(device, dtype), image_ids(h, w)
+    tokens = pack(x).to(device, dtype)
     t = sigma.float().to(device).reshape(-1).expand(b)
-    ctx = context.to(device, dtype)
-    kw = {} if extrapolation is None else {"extrapolation": extrapolation}
-    if guidance is not None and net.config.guidance_embed:
-        kw["guidance"] = guidance.float().to(device).reshape(-1).expand(b)
-    if ref_bias is not None:
-        kw["ref_bias"] = ref_bias
-    if attn_mask is not None:
-        kw["attn_mask"] = attn_mask
     refs = None
     if kv_cache is None and references:
         packed = torch.cat([pack(lat) for lat in references], dim=1).to(device, dtype)
         refs = (packed, reference_ids([tuple(lat.shape[-2:]) for lat in references]))
+    if guidance is not None and net.config.guidance_embed:
+        guidance = guidance.float().to(device).reshape(-1).expand(b)
+    extras = call_extras(
+        references=refs,
+        kv_cache=kv_cache,
+        reference_bias=ref_bias,
+        regions=attn_mask,
+        extrapolation=extrapolation,
+        sigma=float(t.reshape(-1)[0]),
+        grid=(h, w),
+        guidance=guidance if net.config.guidance_embed else None,
+    )
     with torch.inference_mode():
-        v = dit_call(net, tokens, x_ids, t, ctx, text_ids(ctx.shape[1]), refs, kv_cache, **kw)
+        v = net(tokens, image_ids(h, w), t, context.to(device, dtype), extras)
     return unpack(v.float(), h, w).to(x.device)
 
 

@@ -4,21 +4,21 @@ Every process (one per GPU under ``torchrun``; gloo processes on the CPU) holds 
 ``sampling.sample`` unchanged with identical inputs: the text conditioning encoded on rank 0 and broadcast
 (``broadcast_conditioning``), references likewise (``broadcast_references``), the same seed (the noise comes
 from a CPU generator, so it is the same everywhere), steps, sizes and guidance. Every process then ends with
-the same latents; rank 0 decodes and writes them. Blocks only see a ``comm`` (``layers.LocalComm`` is the
-one-process one):
+the same latents; rank 0 decodes and writes them. The DiT holds a ``comm`` (``dit.comm.LocalComm`` is the
+one-process one) and calls it around its blocks; the blocks see none of it:
 
 - ``tensor``: the BFL fused layout is kept and sliced as it loads (``parallel_load``); each process holds
   ``heads / p`` heads and ``1 / p`` of the MLP. Column-parallel layers (rows sliced): ``*_attn.qkv`` as
   ``[q_r; k_r; v_r]``, ``*_mlp.0`` as ``[gate_r; up_r]``, single ``linear1`` as ``[q_r; k_r; v_r; gate_r;
   up_r]``; row-parallel layers (columns sliced): ``*_attn.proj``, ``*_mlp.2``, single ``linear2`` as
-  ``[attention block r, MLP block r]``. Everything else is replicated. The partial outputs of the
-  row-parallel layers are summed with one ``all_reduce`` per pair (text and image together): 2 per double
-  block and 1 per single block. p must divide the heads and the MLP width.
+  ``[attention block r, MLP block r]``. Everything else is replicated. The partial output of each
+  row-parallel layer is summed with one ``all_reduce`` in a forward hook on the layer: 4 per double block
+  and 1 per single block. p must divide the heads and the MLP width.
 - ``sequence`` (Ulysses): weights are replicated; text and image (+ reference) tokens are split separately
   into p equal shares (zero tokens are padded to the end of each when p does not divide them; they are never
   attended to and are dropped at the end), RoPE is computed for the local ids, every attention trades the
-  sequence for heads with ``all_to_all`` ([B, h, L/p, D] -> [B, h/p, L, D]), attends and trades back, and the
-  image tokens are gathered after the last block. p must divide the heads.
+  sequence for heads with ``all_to_all`` ([B, h, L/p, D] -> [B, h/p, L, D]; ``layers.BlockCall``), attends
+  and trades back, and the image tokens are gathered after the last block. p must divide the heads.
 
 In float32 both give the one-process result to about 1e-7 (the sums run in another order); in bfloat16 the
 partial sums are rounded before they are added, so results are close, not equal (int8 layers too: their
@@ -45,7 +45,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..configs import Flux2Config
-from ..dit.layers import DoubleStreamBlock, LocalComm, SingleStreamBlock
+from ..dit.comm import LocalComm, SequenceComm, TensorComm  # noqa: F401  (importable here)
+from ..dit.layers import DoubleStreamBlock, SingleStreamBlock
 from ..errors import Flux2Error
 from ..references import ReferenceLatents
 
@@ -169,112 +170,6 @@ def broadcast_references(references, src: int = 0, group=None):
     return ReferenceLatents(tokens.cpu(), ids.cpu(), [tuple(g) for g in grids], tuple(strengths))
 
 
-class TensorComm(LocalComm):
-    """Tensor parallelism: the row-parallel layers' partial outputs are summed over the group, all of them
-    in one ``all_reduce``."""
-
-    mode = "tensor"
-
-    def __init__(self, group=None):
-        self.group = group
-        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-
-    def sum_partials(self, *parts: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if len(parts) == 1:
-            out = parts[0].contiguous()
-            dist.all_reduce(out, group=self.group)
-            return (out,)
-        flat = torch.cat([p.reshape(-1) for p in parts])
-        dist.all_reduce(flat, group=self.group)
-        return tuple(
-            f.view(p.shape) for f, p in zip(flat.split([p.numel() for p in parts]), parts, strict=True)
-        )
-
-    def sum_image_tokens(self, stats: torch.Tensor) -> torch.Tensor:
-        out = stats.flatten(1).sum(1)  # every process holds every token: the sums are world times one's
-        dist.all_reduce(out, group=self.group)
-        return out
-
-
-class SequenceComm(LocalComm):
-    """Ulysses sequence parallelism (see the module docstring). ``split_tokens`` records the layout of one
-    forward (real and padded lengths), which its attentions and ``gather_tokens`` then use."""
-
-    mode = "sequence"
-
-    def __init__(self, group=None):
-        self.group = group
-        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        self._layout: tuple[int, int, int, int] | None = None  # text, image tokens; their shares
-        self._keep: torch.Tensor | None = None  # real positions of the gathered sequence (None: no pads)
-
-    def split_tokens(self, txt, img, ids):
-        p, num_txt, num_img = self.world, txt.shape[1], img.shape[1]
-        tc, ic = -(-num_txt // p), -(-num_img // p)
-        self._layout = (num_txt, num_img, tc, ic)
-        self._keep = None
-        if tc * p != num_txt or ic * p != num_img:  # which places of the gathered sequence are real tokens
-            rank, place = torch.arange(p)[:, None], torch.arange(tc + ic)[None]
-            real = torch.where(place < tc, rank * tc + place < num_txt, rank * ic + place - tc < num_img)
-            self._keep = torch.arange(p * (tc + ic)).view(p, -1)[real].to(img.device)
-        ids = torch.cat([self._share(ids[:num_txt], 0, tc), self._share(ids[num_txt:], 0, ic)])
-        return self._share(txt, 1, tc), self._share(img, 1, ic), ids
-
-    def _share(self, x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
-        """This rank's ``size`` entries of ``x`` along ``dim``, zero-padded past the end of ``x``."""
-        start = self.rank * size
-        part = x.narrow(dim, min(start, x.shape[dim]), max(0, min(size, x.shape[dim] - start)))
-        if part.shape[dim] == size:
-            return part
-        pad = list(part.shape)
-        pad[dim] = size - part.shape[dim]
-        return torch.cat([part, part.new_zeros(pad)], dim=dim)
-
-    def arrange_keys(self, values: torch.Tensor) -> torch.Tensor:
-        num_txt, _, tc, ic = self._layout
-        p = self.world
-        txt = _padded(values[:num_txt], tc * p).view(p, tc)
-        img = _padded(values[num_txt:], ic * p).view(p, ic)
-        out = torch.cat([txt, img], dim=1).reshape(-1)  # rank r's [text share; image share], rank by rank
-        return out if self._keep is None else out.index_select(0, self._keep.to(out.device))
-
-    def to_heads(self, q, k, v):
-        batch, heads, length, dim = q.shape
-        p = self.world
-        x = torch.stack([q, k, v]).view(3, batch, p, heads // p, length, dim)
-        x = x.permute(2, 0, 1, 3, 4, 5).contiguous()  # [p, 3, B, h/p, L/p, D]: share i goes to rank i
-        out = torch.empty_like(x)
-        dist.all_to_all_single(out, x, group=self.group)  # share i: rank i's tokens of this rank's heads
-        out = out.permute(1, 2, 3, 0, 4, 5).reshape(3, batch, heads // p, p * length, dim)
-        if self._keep is not None:
-            out = out.index_select(3, self._keep)
-        return out[0], out[1], out[2]
-
-    def to_tokens(self, out: torch.Tensor) -> torch.Tensor:
-        batch, local_heads, _, dim = out.shape
-        p, (_, _, tc, ic) = self.world, self._layout
-        length = tc + ic
-        if self._keep is not None:
-            full = out.new_zeros(batch, local_heads, p * length, dim)
-            out = full.index_copy_(2, self._keep, out)
-        x = out.reshape(batch, local_heads, p, length, dim).permute(2, 0, 1, 3, 4).contiguous()
-        back = torch.empty_like(x)
-        dist.all_to_all_single(back, x, group=self.group)  # share i: this rank's tokens of head group i
-        return back.permute(1, 0, 2, 3, 4).reshape(batch, p * local_heads, length, dim)
-
-    def sum_image_tokens(self, stats: torch.Tensor) -> torch.Tensor:
-        _, num_img, _, ic = self._layout
-        real = (self.rank * ic + torch.arange(stats.shape[-1], device=stats.device)) < num_img  # no pads
-        out = (stats * real).flatten(1).sum(1)
-        dist.all_reduce(out, group=self.group)
-        return out
-
-    def gather_tokens(self, img: torch.Tensor) -> torch.Tensor:
-        shares = [torch.empty_like(img) for _ in range(self.world)]
-        dist.all_gather(shares, img.contiguous(), group=self.group)
-        return torch.cat(shares, dim=1)[:, : self._layout[1]]
-
-
 @dataclass(frozen=True)
 class Split:
     """How a linear weight is sliced: along ``dim`` (0: rows, column-parallel; 1: columns, row-parallel),
@@ -351,10 +246,13 @@ def shard_module(module: nn.Module, plan: dict[str, Split], world: int) -> None:
 
 
 def use_comm(transformer: nn.Module, comm: LocalComm) -> None:
-    """Give the transformer and every block the communicator."""
+    """Run ``transformer`` as one process of ``comm``'s group: the transformer holds the communicator, and
+    under tensor parallelism each row-parallel layer sums its partial outputs in a forward hook."""
     transformer.comm = comm
-    for block in transformer.blocks():
-        block.comm = comm
+    if isinstance(comm, TensorComm):
+        for name, split in tensor_plan(transformer.config).items():
+            if split.dim == 1:
+                transformer.get_submodule(name).register_forward_hook(comm.sum_partials)
 
 
 def parallelize_sequence(model, group=None) -> None:
@@ -392,8 +290,3 @@ def held_bytes(module: nn.Module) -> int:
 def parallel_info(model) -> ParallelInfo | None:
     """The ``ParallelInfo`` of a model loaded by ``load_transformer_parallel`` (None otherwise)."""
     return getattr(getattr(model, "transformer", model), "parallel_info", None)
-
-
-def _padded(values: torch.Tensor, size: int) -> torch.Tensor:
-    """``values`` [n] followed by zeros up to ``size`` (the padded places of a token share)."""
-    return torch.cat([values, values.new_zeros(size - values.shape[0])])

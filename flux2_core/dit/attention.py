@@ -1,31 +1,25 @@
-"""Softmax attention [B, H, L, D] by the faster of its implementations where it runs, chosen by measurement.
+"""Softmax attention [B, H, L, D]: its kernels, the bias a DiT call adds to the logits, and the measured
+choice of kernel.
 
-Three implementations exist:
+Kernels (``KERNELS``), each ``(q, k, v, bias=None) -> out``:
 
 - ``sdpa``: PyTorch's ``scaled_dot_product_attention`` (flash / memory-efficient kernels on a GPU, its own
-  fused kernel on a CPU);
-- ``tiled``: scores, softmax and the sum over values as matrix products on tiles of heads and query rows
-  whose scores fit the CPU's caches (``TILE_SCORE_BYTES``; ``tiled-small`` at ``SMALL_TILE_SCORE_BYTES``), so
-  the scores never travel to memory and back. On a 2-core AVX-512 CPU without AMX, bf16, 24-48 heads of 128
-  at 1.5k-4.6k tokens, it ran at 540-650 GFLOP/s against PyTorch's CPU kernel's 200-210 (2.6-3.1x) and the
-  untiled chunks' 270-290;
+  fused kernel on a CPU). Every device runs it unless the CPU's ops choose otherwise (``cpu_ops``);
+- ``tiled`` (and ``tiled-small``): scores, softmax and the sum over values as matrix products on tiles of
+  heads and query rows whose scores fit the CPU's caches (``TILE_SCORE_BYTES``, ``SMALL_TILE_SCORE_BYTES``),
+  so the scores never travel to memory and back;
 - ``matmul``: the same products per chunk of queries over every head (``CPU_ATTENTION_CHUNK`` rows at most,
-  fewer where the keys are many, so that one chunk's scores stay within ``CPU_SCORE_BYTES``), whose scores
-  go through memory. On a 2-core CPU with AMX, bf16, klein 4B's 24 heads of 128, it was far slower than
-  PyTorch's kernel (131 against 34 ms at 1.5k tokens, 1110 against 295 ms at 4.6k). Not measured by
-  ``auto`` (slower than ``tiled`` wherever both ran); ``FLUX2_ATTENTION=matmul`` runs it.
+  fewer where the keys are many, so that one chunk's scores stay within ``CPU_SCORE_BYTES``).
 
-Which one is faster depends on the CPU, the dtype and the shape, so on a CPU in bfloat16 or float16 the
-choice is measured: the first attention of each shape class (device, dtype, heads, head size, and the query
-and key lengths rounded up to powers of two) runs each of ``MEASURED`` twice, alternating, on its first
-``MEASURED_HEADS`` heads (the time per head is the same), and the fastest by its best time serves that class
-for the rest of the process (logged once at debug level). Everywhere else (a GPU, float32) ``sdpa`` runs: its
-kernels are the fastest there, and in float32 on a CPU it computes the same values as the matrix products at
-the same speed (``benchmarks/suite.py``). ``FLUX2_ATTENTION=sdpa``, ``tiled``, ``tiled-small`` or ``matmul``
-fixes the choice (``auto``, the default, measures).
+Which one is fastest depends on the CPU, the dtype and the shape (``docs/benchmarks.md``), so a CPU below
+float32 measures it: ``KernelChoice`` times each of ``MEASURED`` twice, alternating, on the first
+``MEASURED_HEADS`` heads of the first attention of each shape class (device, dtype, heads, head size, the
+query and key lengths rounded up to powers of two), and the fastest by its best time serves that class for
+the rest of the process. ``FLUX2_ATTENTION=sdpa``, ``tiled``, ``tiled-small`` or ``matmul`` fixes the choice
+(``auto``, the default, measures).
 
-An optional ``bias`` (broadcast to [B, H, Lq, Lk]) is added to the scaled logits before the softmax, by both
-implementations: additive in the queries' dtype (``-inf`` masks a key), or boolean (False masks it).
+An optional ``bias`` (broadcast to [B, H, Lq, Lk]) is added to the scaled logits before the softmax by every
+kernel: additive in the queries' dtype (``-inf`` masks a key), or boolean (False masks it).
 ``attention_bias`` shapes the DiT's: a value per key (reference strength) or a mask. A mask can also come
 factored as a ``GroupedMask`` (regional prompts): groups of queries that each attend to one set of keys,
 attended group by group, so no [Lq, Lk] matrix is formed and the masked keys cost nothing.
@@ -45,17 +39,14 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 CPU_ATTENTION_CHUNK = 1024  # query rows per chunk at most: bounds the [chunk, L] score matrix of each head
-# One chunk's scores [B, H, rows, Lk] at most (its softmax is as large again): at 4 MP (16.9k tokens, 24
-# heads, bf16) 1024 rows would hold 0.8 GB of scores, twice over, where PyTorch's fused kernel holds little.
+# One chunk's scores [B, H, rows, Lk] at most (its softmax is as large again): long sequences take fewer rows.
 CPU_SCORE_BYTES = 96 * 2**20
 MIN_CHUNK = 16
 # One tile's scores in ``tiled_kernel``, the two sizes measured: a share of the last-level cache, and about a
-# core's L2. On a 2-core AVX-512 CPU (32 MiB L3, 2 MiB L2 a core), bf16, 24-48 heads of 128 at 1.5k-4.6k
-# tokens: 4-16 MiB ran 2.1-2.4x the untiled chunks' speed, 2 MiB 10-20% below that, 32 MiB 30% below.
+# core's L2.
 TILE_SCORE_BYTES = 8 * 2**20
 SMALL_TILE_SCORE_BYTES = 2 * 2**20
 CHOICE_ENV = "FLUX2_ATTENTION"
-MEASURED_DTYPES = (torch.bfloat16, torch.float16)
 
 Kernel = Callable[..., torch.Tensor]  # (q, k, v, bias=None) -> out
 
@@ -202,31 +193,8 @@ KERNELS: dict[str, Kernel] = {
     "tiled": tiled_kernel,
     "tiled-small": small_tiled_kernel,
 }
-MEASURED = ("sdpa", "tiled", "tiled-small")  # the candidates of ``auto`` (matmul: slower than tiled wherever
-# measured, kept for ``FLUX2_ATTENTION=matmul``)
+MEASURED = ("sdpa", "tiled", "tiled-small")  # the candidates of ``auto`` (matmul is kept for FLUX2_ATTENTION)
 MEASURED_HEADS = 8  # the choice is timed on this many heads (the time per head is the same), then run on all
-_CHOSEN: dict[tuple, str] = {}  # shape class -> kernel name, for the process
-
-
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Softmax attention of [B, H, Lq, D] queries over [B, H, Lk, D] keys and values, ``bias`` added to the
-    logits (a tensor, or a ``GroupedMask``)."""
-    if isinstance(bias, GroupedMask):
-        return bias.attend(q, k, v, sdpa)
-    if q.device.type != "cpu" or q.dtype not in MEASURED_DTYPES:
-        return sdpa_kernel(q, k, v, bias)
-    fixed = os.environ.get(CHOICE_ENV, "auto")
-    if fixed in KERNELS:
-        return KERNELS[fixed](q, k, v, bias)
-    key = shape_class(q, k)
-    name = _CHOSEN.get(key)
-    if name is not None:
-        return KERNELS[name](q, k, v, bias)
-    name, out, times = _measure(q, k, v, bias)
-    _CHOSEN[key] = name
-    log.debug("attention %s: %s (best of 2: %s)", key, name,
-              ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t in times.items()))  # fmt: skip
-    return out
 
 
 def shape_class(q: torch.Tensor, k: torch.Tensor) -> tuple:
@@ -241,27 +209,58 @@ def shape_class(q: torch.Tensor, k: torch.Tensor) -> tuple:
     )
 
 
-def chosen() -> dict[tuple, str]:
-    """The choices made so far in this process (shape class -> kernel name)."""
-    return dict(_CHOSEN)
+class KernelChoice:
+    """The kernel of each shape class, fixed by ``FLUX2_ATTENTION`` or measured once (see the module
+    docstring). ``clock`` is the timer the measurement reads."""
+
+    def __init__(
+        self, candidates: tuple[str, ...] = MEASURED, clock: Callable[[], float] = time.perf_counter
+    ):
+        self.candidates, self.clock = candidates, clock
+        self.chosen: dict[tuple, str] = {}  # shape class -> kernel name
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None) -> torch.Tensor:
+        fixed = os.environ.get(CHOICE_ENV, "auto")
+        if fixed in KERNELS:
+            return KERNELS[fixed](q, k, v, bias)
+        key = shape_class(q, k)
+        name = self.chosen.get(key)
+        if name is not None:
+            return KERNELS[name](q, k, v, bias)
+        name, out, times = self._measure(q, k, v, bias)
+        self.chosen[key] = name
+        log.debug("attention %s: %s (best of 2: %s)", key, name,
+                  ", ".join(f"{n} {t * 1e3:.1f} ms" for n, t in times.items()))  # fmt: skip
+        return out
+
+    def _measure(self, q, k, v, bias=None) -> tuple[str, torch.Tensor, dict[str, float]]:
+        """Each candidate twice, alternating, on the first ``MEASURED_HEADS`` heads; the fastest by its best
+        time, and its output for every head."""
+        heads = slice(0, MEASURED_HEADS)
+        part = (
+            q[:, heads],
+            k[:, heads],
+            v[:, heads],
+            bias if bias is None or bias.shape[1] == 1 else bias[:, heads],
+        )
+        best: dict[str, float] = {}
+        outs: dict[str, torch.Tensor] = {}
+        for name in (*self.candidates, *self.candidates):
+            start = self.clock()
+            outs[name] = KERNELS[name](*part)
+            best[name] = min(best.get(name, float("inf")), self.clock() - start)
+        name = min(best, key=best.get)
+        out = outs[name] if q.shape[1] <= MEASURED_HEADS else KERNELS[name](q, k, v, bias)
+        return name, out, best
 
 
-def _measure(q, k, v, bias=None) -> tuple[str, torch.Tensor, dict[str, float]]:
-    """Each candidate twice, alternating, on the first ``MEASURED_HEADS`` heads; the fastest by its best
-    time, and its output for every head."""
-    heads = slice(0, MEASURED_HEADS)
-    part = (
-        q[:, heads],
-        k[:, heads],
-        v[:, heads],
-        bias if bias is None or bias.shape[1] == 1 else bias[:, heads],
-    )
-    best: dict[str, float] = {}
-    outs: dict[str, torch.Tensor] = {}
-    for name in (*MEASURED, *MEASURED):
-        start = time.perf_counter()
-        outs[name] = KERNELS[name](*part)
-        best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
-    name = min(best, key=best.get)
-    out = outs[name] if q.shape[1] <= MEASURED_HEADS else KERNELS[name](q, k, v, bias)
-    return name, out, best
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias=None, kernel: Kernel = None
+) -> torch.Tensor:
+    """Softmax attention of [B, H, Lq, D] queries over [B, H, Lk, D] keys and values by ``kernel``
+    (default PyTorch's), ``bias`` added to the logits: a tensor, or a ``GroupedMask`` attended group by
+    group."""
+    kernel = kernel or sdpa_kernel
+    if isinstance(bias, GroupedMask):
+        return bias.attend(q, k, v, kernel)
+    return kernel(q, k, v, bias)

@@ -80,18 +80,19 @@ class Flux2ControlNet(nn.Module):
     def device(self) -> torch.device:
         return self.control_img_in.weight.device  # outside the blocks: never streamed
 
-    def hints(self, context, img, txt, img_mod, txt_mod, pe, attn_bias=None) -> list[torch.Tensor]:
+    def hints(self, context, img, txt, img_mod, txt_mod, call) -> list[torch.Tensor]:
         """Hint k for each control block, from the control ``context`` [B, N, 260] and the main model's
-        embedded image and text streams (``img`` [B, N, D] after ``img_in``, ``txt`` after ``txt_in``).
-        They run on this net's device (the inputs moved there when the DiT's first block is elsewhere: a
-        block split); each hint is added on the device of the block it follows."""
-        context, img, txt, img_mod, txt_mod, pe, attn_bias = moved(
-            (context, img, txt, img_mod, txt_mod, pe, attn_bias), self.device
+        embedded image and text streams (``img`` [B, N, D] after ``img_in``, ``txt`` after ``txt_in``), with
+        the main call's ``layers.BlockCall``. They run on this net's device (the inputs moved there when the
+        DiT's first block is elsewhere: a block split); each hint is added on the device of the block it
+        follows."""
+        context, img, txt, img_mod, txt_mod, call = moved(
+            (context, img, txt, img_mod, txt_mod, call), self.device
         )
         c = self.before_proj(self.control_img_in(context.to(img.dtype))) + img
         hints = []
         for block, after in zip(self.double_blocks, self.after_proj):
-            c, txt = block(c, txt, img_mod, txt_mod, pe, attn_bias=attn_bias)
+            c, txt = block(c, txt, img_mod, txt_mod, call)
             hints.append(after(c))
         return hints
 

@@ -1,26 +1,21 @@
 """The FLUX.2 DiT (klein 4B / 9B / 9B-KV, and the dev 32B shape), with BFL checkpoint names.
 
-Inputs of the entry points:
+Its one entry point, ``forward(x, x_ids, t, ctx, extras)``:
     x       [B, N, 128]   packed noisy latent tokens          x_ids   [N, 4]
     t       [B]           sigma in [0, 1] (1 = pure noise)
-    ctx     [B, T, C]     text conditioning (C = 3 * text width)  ctx_ids [T, 4]
-    ref     [B, R, 128]   reference tokens (editing)          ref_ids [R, 4]
-    guidance [B]          the embedded guidance value (dev only)
+    ctx     [B, T, C]     text conditioning (C = 3 * text width; its ids are ``rope.text_ids(T)``)
+    extras  ``call.CallExtras``: references or the 9B-KV cache, their strengths' bias, the regional mask,
+            the control net, extrapolated positions, the step cache, the embedded guidance (dev)
 Output: the velocity for the N noisy tokens, [B, N, 128]
 (x_sigma = (1 - sigma) x0 + sigma noise, v = noise - x0).
 
-``forward`` appends references after the noisy tokens ([x; ref]) with the same modulation: the plain klein
-models. The KV checkpoint instead modulates references at t = 0 and lets them attend only to themselves, so
-``encode_reference_kv`` computes their per-block K/V once, from the references alone, and
-``forward_kv_cached`` runs text and noisy tokens against that cache at every step.
+Plain klein models append references after the noisy tokens ([x; ref]) with the same modulation. The KV
+checkpoint instead modulates references at t = 0 and lets them attend only to themselves, so
+``encode_reference_kv`` computes their per-block K/V once, from the references alone, and ``forward`` with
+``extras.kv_cache`` runs text and noisy tokens against that cache at every step.
 
-``ref_bias`` [R] (both entry points) is added to the attention logits of every query against each reference
-key, in every block: log of each reference's strength (``reference_strength``). ``attn_mask`` (``forward``,
-without references), an [L, L] tensor or an ``attention.GroupedMask``, masks the joint ``[text; image]``
-sequence: the regional prompts' mask (``steering.regions``).
-
-``comm`` (``layers.LOCAL`` in one process) splits the tokens among the processes of a sequence-parallel run
-before the blocks and gathers the image tokens after them (``parallel``).
+``comm`` (``comm.LOCAL`` in one process) splits the tokens among the processes of a sequence-parallel run
+before the blocks and gathers the image tokens after them (``devices.parallel``).
 """
 
 from __future__ import annotations
@@ -35,25 +30,21 @@ from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..hooks import weight_mover
 from ..ops import Linear
 from .attention import GroupedMask, attention_bias
-from .extrapolation import KV_AND_EXTRAPOLATION
+from .block_ops import ops_for
+from .call import NO_EXTRAS, REGIONS_AND_REFERENCES, CallExtras  # noqa: F401  (the refusal, importable here)
+from .comm import LOCAL
 from .kv_cache import RefKVCache
 from .layers import (
-    LOCAL,
+    BlockCall,
     DoubleStreamBlock,
     LastLayer,
     MLPEmbedder,
     Modulation,
     SingleStreamBlock,
-    cached_key_bias,
-    scratch_scope,
     timestep_embedding,
 )
-from .rope import cached_rotation
+from .rope import rotation, text_ids
 
-REGIONS_AND_REFERENCES = (
-    "regional prompts and reference images cannot be combined: remove the references, or the regions (use "
-    "one prompt)"
-)
 CONTROL_AND_PARALLEL = (
     "the Fun ControlNet runs in one process: its control blocks are not split across processes yet; run "
     "without --parallel (or use --offload stream for memory)"
@@ -64,11 +55,12 @@ REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they
 class DiT(nn.Module):
     """What every FLUX DiT of the pack shares around its own blocks: its compute dtype and device (those of
     ``img_in``), its blocks in run order (``double_blocks`` then ``single_blocks``: hooks, streaming,
-    placement, compile) and a cached RoPE table."""
+    placement, compile), the RoPE table of a call, and the process's share of a parallel run (``comm``)."""
+
+    comm = LOCAL
 
     def __init__(self):
         super().__init__()
-        self._rope_cache: dict[tuple, torch.Tensor] = {}
         self.compute_dtype: torch.dtype | None = None  # set by the loader: quantised weights are not it
 
     @property
@@ -83,16 +75,15 @@ class DiT(nn.Module):
         """Every block in the order they run (for per-block hooks)."""
         return [*self.double_blocks, *self.single_blocks]
 
-    def _rope(self, ids: torch.Tensor, device, num_text: int = 0, positions=None) -> torch.Tensor:
-        """The rotation table of ``ids``; with ``positions`` (``extrapolation.Positions``) the image rows
-        (after the first ``num_text``) extrapolated."""
-        axes, theta = self.config.axes_dim, self.config.theta
-        return cached_rotation(self._rope_cache, ids, axes, theta, device, num_text, positions)
+    def block_call(self, img, ids, num_txt: int, bias=None, positions=None) -> BlockCall:
+        """The ``BlockCall`` of this call's ``img`` tokens (after ``num_txt`` text tokens, ``ids`` of both),
+        ``bias`` as ``_attention_bias`` gives it, ``positions`` extrapolating the image rows' RoPE."""
+        pe = rotation(ids, self.config.axes_dim, self.config.theta, img.device, num_txt, positions)
+        exchange = self.comm if self.comm.exchanges_heads else None
+        return BlockCall(ops_for(img.device, img.dtype), pe, bias, num_txt, exchange)
 
 
 class Flux2Transformer(DiT):
-    comm = LOCAL
-
     def __init__(self, config: Flux2Config):
         super().__init__()
         self.config = config
@@ -114,42 +105,18 @@ class Flux2Transformer(DiT):
         )
         self.final_layer = LastLayer(hidden, config.in_channels)
 
-    def forward(
-        self,
-        x,
-        x_ids,
-        t,
-        ctx,
-        ctx_ids,
-        ref=None,
-        ref_ids=None,
-        guidance=None,
-        step_cache=None,
-        ref_bias=None,
-        attn_mask=None,
-        control=None,
-        extrapolation=None,
-    ):
+    def forward(self, x, x_ids, t, ctx, extras: CallExtras = NO_EXTRAS):
+        """The velocity of the noisy tokens ``x`` (see the module docstring)."""
         num_img = x.shape[1]
-        positions = _positions(extrapolation, t, x_ids)
-        bias = attn_mask
-        if attn_mask is not None and ref is not None and ref.shape[1] > 0:
-            raise Flux2Error(REGIONS_AND_REFERENCES)
-        if ref is not None and ref.shape[1] > 0:
+        if extras.kv_cache is not None and not extras.kv_cache.filled:
+            extras.kv_cache.double[0].get(x.shape[0])  # raises the clear "cache is empty" error
+        if extras.references is not None:
+            ref, ref_ids = extras.references
             x = torch.cat([x, ref.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1)
             x_ids = torch.cat([x_ids, ref_ids])
-            if ref_bias is not None:  # [text; image; references] keys: only the references' get a bias
-                bias = torch.cat([ref_bias.new_zeros(ctx.shape[1] + num_img), ref_bias])
-        if control is not None and self.comm is not LOCAL:
-            raise Flux2Error(CONTROL_AND_PARALLEL)
-        vec = self._vec(t, guidance, x.dtype)
-        ids = torch.cat([ctx_ids, x_ids])
-        hints = (control, control.padded(x.shape[1])) if control is not None and control.strength else None
-        out = self._run_blocks(
-            x, ctx, ids, self._mods(vec), step_cache=step_cache, attn_bias=bias, hints=hints,
-            positions=positions,
-        )  # fmt: skip
-        return self.final_layer(out[:, :num_img], vec)
+        vec = self._vec(t, extras.guidance, x.dtype)
+        out = self._blocks(x, ctx, torch.cat([text_ids(ctx.shape[1]), x_ids]), vec, extras)
+        return self.final_layer(out[:, :num_img], vec, ops_for(out.device, out.dtype))
 
     @torch.inference_mode()
     def encode_reference_kv(self, ref, ref_ids, guidance=None) -> RefKVCache:
@@ -163,24 +130,8 @@ class Flux2Transformer(DiT):
         t = torch.full((batch,), REF_KV_TIMESTEP, dtype=torch.float32, device=ref.device)
         vec = self._vec(t, guidance, self.dtype)
         no_text = torch.zeros(batch, 0, self.config.context_in_dim, dtype=self.dtype, device=ref.device)
-        self._run_blocks(ref.to(self.dtype), no_text, ref_ids, self._mods(vec), cache=cache)
+        self._blocks(ref.to(self.dtype), no_text, ref_ids, vec, CallExtras(kv_cache=cache))
         return cache
-
-    def forward_kv_cached(
-        self, x, x_ids, t, ctx, ctx_ids, cache: RefKVCache, guidance=None, step_cache=None, ref_bias=None,
-        extrapolation=None,
-    ):  # fmt: skip
-        """Text and noisy tokens attend to themselves and to the cached reference K/V."""
-        if _positions(extrapolation, t, x_ids) is not None:
-            raise Flux2Error(KV_AND_EXTRAPOLATION)
-        if not cache.filled:
-            cache.double[0].get(x.shape[0])  # raises the clear "cache is empty" error
-        vec = self._vec(t, guidance, x.dtype)
-        ids = torch.cat([ctx_ids, x_ids])
-        out = self._run_blocks(
-            x, ctx, ids, self._mods(vec), cache=cache, step_cache=step_cache, cached_bias=ref_bias
-        )
-        return self.final_layer(out, vec)
 
     def _vec(self, t: torch.Tensor, guidance: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         vec = self.time_in(timestep_embedding(t).to(dtype))
@@ -194,74 +145,62 @@ class Flux2Transformer(DiT):
             vec = vec + self.guidance_in(timestep_embedding(scaled, factor=1.0).to(dtype))
         return vec
 
-    def _mods(self, vec: torch.Tensor):
-        return (
-            self.double_stream_modulation_img(vec),
-            self.double_stream_modulation_txt(vec),
-            self.single_stream_modulation(vec)[0],
-        )
-
-    def _run_blocks(self, img, ctx, ids, mods, **kwargs):
-        with scratch_scope(img.device, self.dtype):
-            return self._blocks(img, ctx, ids, mods, **kwargs)
-
-    def _blocks(
-        self, img, ctx, ids, mods, cache: RefKVCache | None = None, step_cache=None, attn_bias=None,
-        cached_bias=None, hints=None, positions=None,
-    ):  # fmt: skip
-        """Double blocks on (img, txt), then single blocks on [txt; img]; returns the image part.
-        ``step_cache`` (a ``step_cache.FirstBlockCache``) may end the step after the first block;
-        ``attn_bias`` ([L] over the keys in ``[text; image]`` order, an [L, L] mask or a ``GroupedMask``) or
-        ``cached_bias`` ([R] over the KV model's cached reference keys) goes to every attention. ``hints``
-        (a ``control.Control`` and its context over the image tokens) adds the control net's hints after its
-        double blocks, before the step cache looks at the first block's output (a controlled step is
-        compared with controlled steps). ``positions`` (``extrapolation.Positions``) extrapolates the image
-        tokens' RoPE."""
-        img_mod, txt_mod, single_mod = mods
+    def _blocks(self, img, ctx, ids, vec, extras: CallExtras):
+        """Double blocks on (img, txt), then single blocks on [txt; img] (``ids`` of both); returns the image
+        stream (with the appended references). The step cache may end the step after the first block; the
+        control net's hints are added after their double blocks, before the step cache looks at the first
+        block's output (a controlled step is compared with controlled steps)."""
+        img_mod = self.double_stream_modulation_img(vec)
+        txt_mod = self.double_stream_modulation_txt(vec)
+        single_mod = self.single_stream_modulation(vec)[0]
+        control, step_cache, cache = extras.control, extras.step_cache, extras.kv_cache
+        control = control if control is not None and control.strength else None
+        if control is not None and self.comm is not LOCAL:
+            raise Flux2Error(CONTROL_AND_PARALLEL)
         tokens = ctx.shape[1] + img.shape[1]
+        context = None if control is None else control.padded(img.shape[1])
         ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
-        attn_bias = self._attention_bias(attn_bias, cached_bias, ctx.shape[1], tokens, img.dtype)
-        pe = self._rope(ids, img.device, ctx.shape[1], positions)
+        bias = self._attention_bias(extras, ctx.shape[1], tokens, img.dtype)
+        call = self.block_call(img, ids, ctx.shape[1], bias, extras.positions)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))
         added = {}
-        if hints is not None:
-            control, context = hints
-            steer = control.net.hints(context, img, txt, img_mod, txt_mod, pe, attn_bias=attn_bias)
-            added = {layer: (hint, control.strength) for layer, hint in zip(control.net.layers, steer)}
+        if control is not None:
+            steer = control.net.hints(context, img, txt, img_mod, txt_mod, call)
+            added = {layer: hint for layer, hint in zip(control.net.layers, steer)}
         for i, block in enumerate(self.double_blocks):
-            kv = cache.double[i] if cache is not None else None
             before = img
-            img, txt = block(img, txt, img_mod, txt_mod, pe, kv=kv, attn_bias=attn_bias)
+            img, txt = block(img, txt, img_mod, txt_mod, call, None if cache is None else cache.double[i])
             if i in added:
-                hint, strength = added.pop(i)
-                img = img + hint.to(img.device) * strength
+                img = img + added.pop(i).to(img.device) * control.strength
             img, txt = _fp16_safe(img), _fp16_safe(txt)
             if i == 0 and step_cache is not None:
                 cached = step_cache.skip(before, img, self.comm)
                 if cached is not None:
                     return self.comm.gather_tokens(_fp16_safe(cached))
-        num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
         for i, block in enumerate(self.single_blocks):
-            kv = cache.single[i] if cache is not None else None
-            h = _fp16_safe(block(h, single_mod, pe, num_txt=num_txt, kv=kv, attn_bias=attn_bias))
-        out = h[:, num_txt:]
+            h = _fp16_safe(block(h, single_mod, call, None if cache is None else cache.single[i]))
+        out = h[:, txt.shape[1] :]
         if step_cache is not None:
             step_cache.ran_all(out)
         return self.comm.gather_tokens(out)
 
-    def _attention_bias(self, values, cached, num_txt: int, tokens: int, dtype) -> torch.Tensor | None:
-        """The bias of this call's attentions, built once for every block: ``values`` put in the order
-        ``comm.to_heads`` gives the keys (a mask: its rows and columns alike), or ``cached`` spliced in after
-        this process's ``num_txt`` text keys (of ``tokens`` in all); additive in ``dtype``, a mask as is."""
-        if cached is not None:
-            values = cached_key_bias(cached, num_txt, tokens + cached.shape[0])
+    def _attention_bias(self, extras: CallExtras, num_txt: int, tokens: int, dtype):
+        """The bias of this call's attentions, built once for every block, over the keys in the order
+        ``comm.to_heads`` gives them (``tokens`` in all, ``num_txt`` of them this process's text): the
+        regional mask (its rows and columns alike), or the references' strengths (after the text and noisy
+        tokens, or, for the KV model's cache, spliced in after the text); additive in ``dtype``."""
+        values = extras.regions
+        refs = extras.reference_bias
+        if refs is not None and extras.kv_cache is not None:
+            zeros = refs.new_zeros
+            values = torch.cat([zeros(num_txt), refs, zeros(tokens - num_txt)])
+        elif refs is not None:
+            values = self.comm.arrange_keys(torch.cat([refs.new_zeros(tokens - refs.shape[0]), refs]))
         elif isinstance(values, GroupedMask):
             order = self.comm.arrange_keys(torch.arange(tokens, dtype=torch.float32)).long()
             return values.arranged(order).to(dtype=dtype)
-        elif values is not None and values.ndim == 1:
-            values = self.comm.arrange_keys(values)
         elif values is not None:
             order = self.comm.arrange_keys(torch.arange(values.shape[0], dtype=torch.float32))
             order = order.long().to(values.device)
@@ -303,12 +242,3 @@ def compile_blocks(net: Flux2Transformer) -> None:
 def _fp16_safe(x: torch.Tensor) -> torch.Tensor:
     """float16 overflows in the residual stream of large blocks: clip to its range (as diffusers does)."""
     return x.clip(-65504, 65504) if x.dtype == torch.float16 else x
-
-
-def _positions(extrapolation, t: torch.Tensor, x_ids: torch.Tensor):
-    """One call's ``extrapolation.Positions`` for the noisy tokens of ``x_ids`` at ``t`` (one sigma for the
-    batch), or None when there is nothing to extrapolate."""
-    if extrapolation is None:
-        return None
-    grid = (int(x_ids[:, 1].max()) + 1, int(x_ids[:, 2].max()) + 1)
-    return extrapolation.at(float(t.reshape(-1)[0]), grid)

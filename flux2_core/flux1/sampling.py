@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..configs import FLUX1
+from ..dit.call import call_extras
 from ..dit.step_cache import StepCache
 from ..errors import Flux2Error
 from ..flow import StepCallback, euler, make_noise, shifted_sigmas, start_from, truncate
@@ -25,7 +26,7 @@ from ..sampling_checks import activation_bytes, batched, check_finite, check_str
 from .config import DEFAULT_GUIDANCE, DEFAULT_STEPS, LATENT_FORMAT, schedule_shift
 from .encoders import FillConditioning
 from .fill import FillInputs, pack_latent, unpack_latent
-from .transformer import Flux1FillModel, image_ids, text_ids
+from .transformer import Flux1FillModel, image_ids
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +137,13 @@ class FillDenoiser:
         self.ctx = batched(positive.t5, batch, PROMPTS_FOR_BATCH).to(device, dtype)
         self.pooled = batched(positive.pooled, batch, PROMPTS_FOR_BATCH).to(device, dtype)
         self.cond = batched(fill.tokens, batch, IMAGES_FOR_BATCH).to(device, dtype)
-        self.ctx_ids, self.x_ids = text_ids(self.ctx.shape[1]), image_ids(*fill.grid)
+        self.x_ids = image_ids(*fill.grid)
         self.guidance = torch.full((batch,), s.guidance, dtype=torch.float32)
 
     def __call__(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
         t = torch.full((x.shape[0],), sigma, dtype=torch.float32, device=x.device)
+        extras = call_extras(pooled=self.pooled, guidance=self.guidance, step_cache=self.cache)
         with torch.inference_mode():
             tokens = torch.cat([x.to(self.cond.dtype), self.cond], dim=-1)
-            args = (tokens, self.x_ids, t, self.ctx, self.ctx_ids, self.pooled, self.guidance)
-            # without a cache the call is the one without it
-            v = self.net(*args) if self.cache is None else self.net(*args, step_cache=self.cache)
+            v = self.net(tokens, self.x_ids, t, self.ctx, extras)
         return v.float()

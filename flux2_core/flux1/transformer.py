@@ -1,10 +1,11 @@
 """The FLUX.1 Fill [dev] DiT, with BFL checkpoint names (``Flux`` of BFL's ``model.py``).
 
-Inputs of ``forward``:
+Inputs of ``forward(x, x_ids, t, ctx, extras)``:
     x       [B, N, 384]  packed tokens: noisy latent (64) | masked-image latent (64) | mask (256)
     x_ids   [N, 3]       (0, row, col) per token          t        [B]  sigma in [0, 1] (1 = noise)
-    ctx     [B, L, 4096] T5-XXL hidden states             ctx_ids  [L, 3], all zeros
-    y       [B, 768]     CLIP-L pooled output              guidance [B]  the embedded guidance (about 30)
+    ctx     [B, L, 4096] T5-XXL hidden states (their ids [L, 3] are all zeros)
+    extras  ``dit.call.CallExtras``: ``pooled`` [B, 768] CLIP-L's pooled output, ``guidance`` [B] the
+            embedded guidance (about 30), ``step_cache``
 Output: the velocity of the noisy latent, [B, N, 64] (v = noise - x0).
 
 Against FLUX.2 (``..transformer``): every block has its own modulation, every linear layer a bias, the MLPs
@@ -20,17 +21,17 @@ import torch
 from torch import nn
 
 from ..dit import rope
+from ..dit.call import NO_EXTRAS, CallExtras
 from ..dit.layers import (
-    LOCAL,
+    BlockCall,
     DoubleStreamBlock,
     LastLayer,
     MLPEmbedder,
     Modulation,
     SingleStreamBlock,
-    TanhGELU,
-    scratch_scope,
     timestep_embedding,
 )
+from ..dit.pointwise import TanhGELU
 from ..dit.transformer import DiT
 from ..errors import Flux2Error
 from ..ops import Linear
@@ -45,8 +46,8 @@ class Flux1DoubleBlock(DoubleStreamBlock):
         self.img_mod = Modulation(hidden, double=True, bias=True)
         self.txt_mod = Modulation(hidden, double=True, bias=True)
 
-    def forward(self, img, txt, vec, pe):
-        return super().forward(img, txt, self.img_mod(vec), self.txt_mod(vec), pe)
+    def forward(self, img, txt, vec, call: BlockCall):
+        return super().forward(img, txt, self.img_mod(vec), self.txt_mod(vec), call)
 
 
 class Flux1SingleBlock(SingleStreamBlock):
@@ -56,8 +57,8 @@ class Flux1SingleBlock(SingleStreamBlock):
         super().__init__(hidden, num_heads, mlp_hidden, act=TanhGELU, bias=True)
         self.modulation = Modulation(hidden, double=False, bias=True)
 
-    def forward(self, x, vec, pe, num_txt):
-        return super().forward(x, self.modulation(vec)[0], pe, num_txt)
+    def forward(self, x, vec, call: BlockCall):
+        return super().forward(x, self.modulation(vec)[0], call)
 
 
 class Flux1Transformer(DiT):
@@ -77,35 +78,34 @@ class Flux1Transformer(DiT):
         )
         self.final_layer = LastLayer(hidden, config.out_channels, bias=True)
 
-    def forward(self, x, x_ids, t, ctx, ctx_ids, y, guidance=None, step_cache=None):
-        with scratch_scope(x.device, x.dtype):
-            return self._forward(x, x_ids, t, ctx, ctx_ids, y, guidance, step_cache)
-
-    def _forward(self, x, x_ids, t, ctx, ctx_ids, y, guidance, step_cache):
-        dtype = x.dtype
-        vec = self.time_in(timestep_embedding(t).to(dtype)) + self.vector_in(y.to(dtype))
+    def forward(self, x, x_ids, t, ctx, extras: CallExtras = NO_EXTRAS):
+        dtype, guidance, step_cache = x.dtype, extras.guidance, extras.step_cache
+        if extras.pooled is None:
+            raise Flux2Error("FLUX.1 models take CLIP's pooled vector: give it (extras.pooled, [B, 768])")
+        vec = self.time_in(timestep_embedding(t).to(dtype)) + self.vector_in(extras.pooled.to(dtype))
         if self.config.guidance_embed:
             if guidance is None:
                 raise Flux2Error("FLUX.1 [dev] models embed a guidance value: give one (about 30 for Fill)")
             # 1000 * g is formed in the compute dtype, as BFL and diffusers do (g = 30: 29952 in bfloat16)
             scaled = guidance.to(x.device, dtype) * 1000
             vec = vec + self.guidance_in(timestep_embedding(scaled, factor=1.0).to(dtype))
-        pe = self._rope(torch.cat([ctx_ids, x_ids]), x.device)
+        ids = torch.cat([text_ids(ctx.shape[1]), x_ids])
+        call = self.block_call(x, ids, ctx.shape[1])
         img, txt = self.img_in(x), self.txt_in(ctx.to(dtype))
         for i, block in enumerate(self.double_blocks):
             before = img
-            img, txt = block(img, txt, vec, pe)
+            img, txt = block(img, txt, vec, call)
             if i == 0 and step_cache is not None:  # First-Block Cache (dit/step_cache.py)
-                cached = step_cache.skip(before, img, LOCAL)
+                cached = step_cache.skip(before, img, self.comm)
                 if cached is not None:
-                    return self.final_layer(cached, vec)
+                    return self.final_layer(cached, vec, call.ops)
         num_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
         for block in self.single_blocks:
-            h = block(h, vec, pe, num_txt=num_txt)
+            h = block(h, vec, call)
         if step_cache is not None:
             step_cache.ran_all(h[:, num_txt:])
-        return self.final_layer(h[:, num_txt:], vec)
+        return self.final_layer(h[:, num_txt:], vec, call.ops)
 
 
 @dataclass

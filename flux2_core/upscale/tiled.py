@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..configs import FLUX2
-from ..denoiser import KleinDenoiser
+from ..denoiser import Flux2Denoiser
 from ..dit.transformer import Flux2Model
 from ..errors import Flux2Error
 from ..flow import StepCallback, euler, make_noise, pack, skipped_steps, start_from, truncate, unpack
@@ -231,10 +231,10 @@ def _size(window: tuple[slice, slice]) -> tuple[int, int]:
     return window[0].stop - window[0].start, window[1].stop - window[1].start
 
 
-def _tile_velocity(request: TiledRefine, window, schedule) -> KleinDenoiser:
+def _tile_velocity(request: TiledRefine, window, schedule) -> Flux2Denoiser:
     """One tile's denoiser for this call (built per call, so nothing of a tile stays between tiles)."""
     plain = request.tile_request(window)
     kv_cache = None
     if request.model.variant.kv_cache:
         kv_cache = encode_reference_kv(request.model, plain.references)
-    return KleinDenoiser(plain, schedule, kv_cache)
+    return Flux2Denoiser(plain, schedule, kv_cache)

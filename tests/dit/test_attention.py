@@ -1,41 +1,51 @@
-"""The attention kernel is chosen by measurement where more than one exists (``flux2_core.dit.attention``):
-on a CPU in bfloat16 / float16, once per shape class and process; PyTorch's SDPA everywhere else."""
+"""The attention kernels (``flux2_core.dit.attention``) and the measured choice among them
+(``KernelChoice``: once per shape class, on a fake clock here, so no test depends on how fast a kernel runs on
+the machine), and the seam that decides who measures (``block_ops``: the fused ops of a CPU below float32;
+PyTorch's SDPA everywhere else)."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 import torch
 
-from flux2_core.dit import attention
+from flux2_core.dit import attention, block_ops
 
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    monkeypatch.setattr(attention, "_CHOSEN", {})
     monkeypatch.delenv(attention.CHOICE_ENV, raising=False)
+    monkeypatch.delenv(block_ops.OPS_ENV, raising=False)
+
+
+class FakeClock:
+    """A clock that only moves when a kernel runs: ``cost[name]`` seconds a call."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def _counting(monkeypatch, fast: str):
-    """Every kernel with a call count and the shapes it was called on; all but ``fast`` take 20 ms longer
-    per call."""
+    """Every kernel with a call count and the shapes it was called on; on the returned clock ``fast`` takes
+    1 ms a call and every other kernel 21 ms."""
     calls = dict.fromkeys(attention.KERNELS, 0)
     shapes = []
     real = dict(attention.KERNELS)
+    clock = FakeClock()
 
     def wrap(name):
         def kernel(q, k, v, bias=None):
             calls[name] += 1
             shapes.append(tuple(q.shape))
-            if name != fast:
-                time.sleep(0.02)
+            clock.now += 0.001 if name == fast else 0.021
             return real[name](q, k, v, bias)
 
         return kernel
 
     monkeypatch.setattr(attention, "KERNELS", {name: wrap(name) for name in real})
-    return calls, shapes
+    return calls, shapes, attention.KernelChoice(clock=clock)
 
 
 def _qkv(length=100, dtype=torch.bfloat16, heads=2):
@@ -45,28 +55,28 @@ def _qkv(length=100, dtype=torch.bfloat16, heads=2):
 
 @pytest.mark.parametrize("fast", attention.MEASURED)
 def test_the_faster_kernel_is_measured_once_per_shape_class_and_kept(monkeypatch, caplog, fast):
-    calls, _ = _counting(monkeypatch, fast)
+    calls, _, choice = _counting(monkeypatch, fast)
     q, k, v = _qkv()
     with caplog.at_level("DEBUG", logger=attention.__name__):
-        first = attention.sdpa(q, k, v)
-        assert all(calls[name] >= 2 for name in attention.MEASURED)  # each twice, alternating
+        first = choice(q, k, v)
+        assert all(calls[name] == 2 for name in attention.MEASURED)  # each twice, alternating
         assert calls["matmul"] == 0  # not a candidate
         assert torch.equal(first, attention.KERNELS[fast](q, k, v))  # the result is the chosen kernel's
         calls.update(dict.fromkeys(calls, 0))
-        attention.sdpa(*_qkv(length=120))  # the same class (lengths up to 128): no new measurement
+        choice(*_qkv(length=120))  # the same class (lengths up to 128): no new measurement
         assert calls[fast] == 1 and sum(calls.values()) == 1
-        assert attention.chosen() == {("cpu", torch.bfloat16, 2, 32, 128, 128): fast}
-        attention.sdpa(*_qkv(length=300))  # another class: measured again
+        assert choice.chosen == {("cpu", torch.bfloat16, 2, 32, 128, 128): fast}
+        choice(*_qkv(length=300))  # another class: measured again
         assert all(calls[name] >= 2 for name in attention.MEASURED)
     choices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention")]
     assert len(choices) == 2 and all(f": {fast} (best of 2" in m for m in choices)  # logged once a class
 
 
 def test_the_choice_is_timed_on_a_few_heads_and_run_on_all(monkeypatch):
-    calls, shapes = _counting(monkeypatch, "tiled")
+    calls, shapes, choice = _counting(monkeypatch, "tiled")
     heads = attention.MEASURED_HEADS + 4
     q, k, v = _qkv(heads=heads)
-    out = attention.sdpa(q, k, v)
+    out = choice(q, k, v)
     timed = shapes[: 2 * len(attention.MEASURED)]
     assert all(s[1] == attention.MEASURED_HEADS for s in timed)  # measured on the first heads
     assert shapes[-1][1] == heads and out.shape == q.shape  # then run once on every head
@@ -74,19 +84,44 @@ def test_the_choice_is_timed_on_a_few_heads_and_run_on_all(monkeypatch):
     assert (out.float() - want).abs().max().item() < 2e-2
 
 
-def test_a_gpu_or_float32_runs_pytorchs_kernel_unmeasured(monkeypatch):
-    calls, _ = _counting(monkeypatch, "sdpa")
+def test_the_plain_ops_run_pytorchs_kernel_unmeasured(monkeypatch):
+    calls, _, choice = _counting(monkeypatch, "sdpa")
+    monkeypatch.setattr(block_ops, "KERNELS", choice)
+    with torch.inference_mode():
+        for device, dtype in [("cuda", torch.bfloat16), ("cuda", torch.float16), ("cuda", torch.float32)]:
+            assert type(block_ops.ops_for(device, dtype)) is block_ops.PlainOps
+        assert type(block_ops.ops_for("cpu", torch.float32)) is block_ops.CpuOps  # the same kernel
     q, k, v = _qkv(dtype=torch.float32)
-    assert torch.equal(attention.sdpa(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v))
-    assert sum(calls.values()) == 0 and attention.chosen() == {}  # no measurement, no choice
+    out = block_ops.ops_for("cpu", torch.float32).attention(q, k, v)
+    assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    assert sum(calls.values()) == 0 and choice.chosen == {}  # PyTorch's kernel itself, no measurement
+
+
+def test_a_cpu_below_float32_measures_without_gradients(monkeypatch):
+    calls, _, choice = _counting(monkeypatch, "tiled-small")
+    monkeypatch.setattr(block_ops, "KERNELS", choice)
+    with torch.inference_mode():
+        ops = block_ops.ops_for("cpu", torch.bfloat16)
+        assert type(ops) is block_ops.FusedOps
+        ops.attention(*_qkv())
+    assert list(choice.chosen.values()) == ["tiled-small"]
+    assert type(block_ops.ops_for("cpu", torch.bfloat16)) is block_ops.PlainOps  # gradients on: plain
+
+
+@pytest.mark.parametrize("forced", ["plain", "fused"])
+def test_the_environment_fixes_the_ops(monkeypatch, forced):
+    monkeypatch.setenv(block_ops.OPS_ENV, forced)
+    with torch.inference_mode():
+        assert block_ops.ops_for("cuda", torch.bfloat16).name == forced
+        assert block_ops.ops_for("cpu", torch.float32).name == forced
 
 
 @pytest.mark.parametrize("name", list(attention.KERNELS))
 def test_the_environment_fixes_the_choice(monkeypatch, name):
-    calls, _ = _counting(monkeypatch, "sdpa")
+    calls, _, choice = _counting(monkeypatch, "sdpa")
     monkeypatch.setenv(attention.CHOICE_ENV, name)
-    attention.sdpa(*_qkv())
-    assert calls[name] == 1 and sum(calls.values()) == 1 and attention.chosen() == {}
+    choice(*_qkv())
+    assert calls[name] == 1 and sum(calls.values()) == 1 and choice.chosen == {}
 
 
 @pytest.mark.parametrize("score_bytes", [1 << 30, 2 * 120 * 2 * 2, 2 * 120 * 2 * 17])
