@@ -65,13 +65,35 @@ def rotation_table(table: torch.Tensor) -> torch.Tensor:
 
 def rotation(ids: torch.Tensor, axes_dim, theta: int, device, num_text: int = 0, positions=None):
     """The ``rotation_table`` of ``ids`` on ``device``; ``positions`` (``extrapolation.Positions``, None for
-    the trained table) extrapolates the image rows, those after the first ``num_text``. Computed at every
-    call (a few hundred kilobytes, from the ids alone), so a compiled DiT traces it with the rest."""
+    the trained table) extrapolates the image rows, those after the first ``num_text``."""
     if positions is None:
         table = rope_table(ids, axes_dim, theta)
     else:
         table = extrapolated_table(ids, num_text, axes_dim, theta, positions)
     return rotation_table(table).to(device)
+
+
+class RotationCache:
+    """The ``rotation`` tables of the last few id layouts (they repeat at every step: a sampling run's
+    passes all share one). Under ``torch.compile`` the table is computed in the traced call instead, so the
+    graph holds no lookup."""
+
+    SIZE = 4
+
+    def __init__(self):
+        self.tables: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, ids, axes_dim, theta: int, device, num_text: int = 0, positions=None) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return rotation(ids, axes_dim, theta, device, num_text, positions)
+        key = (ids.cpu().numpy().tobytes(), tuple(ids.shape), str(device), theta, tuple(axes_dim))
+        if positions is not None:
+            key += (num_text, positions)
+        if key not in self.tables:
+            if len(self.tables) >= self.SIZE:
+                self.tables.clear()
+            self.tables[key] = rotation(ids, axes_dim, theta, device, num_text, positions)
+        return self.tables[key]
 
 
 def rotated(x: torch.Tensor, table: torch.Tensor, fused: bool = False) -> torch.Tensor:

@@ -43,7 +43,7 @@ from .layers import (
     SingleStreamBlock,
     timestep_embedding,
 )
-from .rope import rotation, text_ids
+from .rope import RotationCache, text_ids
 
 CONTROL_AND_PARALLEL = (
     "the Fun ControlNet runs in one process: its control blocks are not split across processes yet; run "
@@ -55,13 +55,15 @@ REF_KV_TIMESTEP = 0.0  # the KV checkpoint modulates reference tokens as if they
 class DiT(nn.Module):
     """What every FLUX DiT of the pack shares around its own blocks: its compute dtype and device (those of
     ``img_in``), its blocks in run order (``double_blocks`` then ``single_blocks``: hooks, streaming,
-    placement, compile), the RoPE table of a call, and the process's share of a parallel run (``comm``)."""
+    placement, compile), the RoPE tables of its calls, and the process's share of a parallel run
+    (``comm``)."""
 
     comm = LOCAL
 
     def __init__(self):
         super().__init__()
         self.compute_dtype: torch.dtype | None = None  # set by the loader: quantised weights are not it
+        self.rotations = RotationCache()
 
     @property
     def dtype(self) -> torch.dtype:
@@ -78,7 +80,7 @@ class DiT(nn.Module):
     def block_call(self, img, ids, num_txt: int, bias=None, positions=None) -> BlockCall:
         """The ``BlockCall`` of this call's ``img`` tokens (after ``num_txt`` text tokens, ``ids`` of both),
         ``bias`` as ``_attention_bias`` gives it, ``positions`` extrapolating the image rows' RoPE."""
-        pe = rotation(ids, self.config.axes_dim, self.config.theta, img.device, num_txt, positions)
+        pe = self.rotations(ids, self.config.axes_dim, self.config.theta, img.device, num_txt, positions)
         exchange = self.comm if self.comm.exchanges_heads else None
         return BlockCall(ops_for(img.device, img.dtype), pe, bias, num_txt, exchange)
 
@@ -160,7 +162,7 @@ class Flux2Transformer(DiT):
         tokens = ctx.shape[1] + img.shape[1]
         context = None if control is None else control.padded(img.shape[1])
         ctx, img, ids = self.comm.split_tokens(ctx, img, ids)
-        bias = self._attention_bias(extras, ctx.shape[1], tokens, img.dtype)
+        bias = self._attention_bias(extras, ctx.shape[1], tokens, img)
         call = self.block_call(img, ids, ctx.shape[1], bias, extras.positions)
         img = self.img_in(img)
         txt = self.txt_in(ctx.to(img.dtype))
@@ -186,11 +188,12 @@ class Flux2Transformer(DiT):
             step_cache.ran_all(out)
         return self.comm.gather_tokens(out)
 
-    def _attention_bias(self, extras: CallExtras, num_txt: int, tokens: int, dtype):
+    def _attention_bias(self, extras: CallExtras, num_txt: int, tokens: int, like: torch.Tensor):
         """The bias of this call's attentions, built once for every block, over the keys in the order
         ``comm.to_heads`` gives them (``tokens`` in all, ``num_txt`` of them this process's text): the
         regional mask (its rows and columns alike), or the references' strengths (after the text and noisy
-        tokens, or, for the KV model's cache, spliced in after the text); additive in ``dtype``."""
+        tokens, or, for the KV model's cache, spliced in after the text); additive in ``like``'s dtype, on its
+        device."""
         values = extras.regions
         refs = extras.reference_bias
         if refs is not None and extras.kv_cache is not None:
@@ -200,14 +203,15 @@ class Flux2Transformer(DiT):
             values = self.comm.arrange_keys(torch.cat([refs.new_zeros(tokens - refs.shape[0]), refs]))
         elif isinstance(values, GroupedMask):
             order = self.comm.arrange_keys(torch.arange(tokens, dtype=torch.float32)).long()
-            return values.arranged(order).to(dtype=dtype)
+            return values.arranged(order).to(like.device, like.dtype)
         elif values is not None:
             order = self.comm.arrange_keys(torch.arange(values.shape[0], dtype=torch.float32))
             order = order.long().to(values.device)
             values = values.index_select(0, order).index_select(1, order)
         if values is None:
             return None
-        return attention_bias(values if values.dtype == torch.bool else values.to(dtype))
+        values = values.to(like.device) if values.dtype == torch.bool else values.to(like.device, like.dtype)
+        return attention_bias(values)
 
 
 @dataclass
