@@ -38,7 +38,7 @@ from .devices.parallel import (
     parallelize_sequence,
 )
 from .devices.parallel_load import load_transformer_parallel, planned_weight_bytes
-from .devices.placement import BlockPlacement, parse_devices, place_blocks, remove_placement
+from .devices.placement import BlockPlacement, parse_devices, place_blocks, remove_placement, split_devices
 from .devices.streaming import disable_streaming, enable_streaming, streamer_of
 from .dit.control import Flux2ControlNet, load_controlnet
 from .dit.extrapolation import DEFAULT_BASE as EXTRAPOLATION_BASE
@@ -73,6 +73,7 @@ from .limits import (
     MAX_SEED,
     MAX_SIZE,
     MAX_STEPS,
+    MemoryNeed,
     check_fits,
     check_request,
     check_size,
@@ -85,6 +86,23 @@ from .references import (
     encode_references,
     prepare_reference,
     processed_size,
+)
+from .runs import (
+    ControlSource,
+    FillPlan,
+    Prompt,
+    SamplerInputs,
+    SamplingPlan,
+    check_image_size,
+    encode_image,
+    encode_images,
+    inpaint_crop,
+    plan_fill,
+    plan_sampling,
+    reference_encode_memory,
+    reference_kv,
+    refine_image,
+    refine_memory,
 )
 from .sampling import (
     SampleRequest,
@@ -111,6 +129,22 @@ from .weights.hub import MissingComponent
 from .weights.kitchen import MODES as QUANT_COMPUTE_MODES
 
 __all__ = [
+    "ControlSource",
+    "FillPlan",
+    "MemoryNeed",
+    "Prompt",
+    "SamplerInputs",
+    "SamplingPlan",
+    "check_image_size",
+    "encode_image",
+    "encode_images",
+    "inpaint_crop",
+    "plan_fill",
+    "plan_sampling",
+    "reference_encode_memory",
+    "reference_kv",
+    "refine_image",
+    "refine_memory",
     "MAX_CONTROL_STRENGTH",
     "AppliedControl",
     "Flux2ControlNet",
@@ -219,6 +253,7 @@ __all__ = [
     "processed_size",
     "read_lora",
     "remove_placement",
+    "split_devices",
     "sample",
     "sample_fill",
     "streamer_of",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -101,6 +102,20 @@ def check_fits(required: int, device: torch.device, what: str, advice: str, free
             f"{what} needs about {required / GB:.1f} GB but {device.type.upper()} memory has "
             f"{free / GB:.1f} GB free: {advice}"
         )
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """What a run needs beyond its weights, in bytes, and how a refusal names it: ``what`` runs and the
+    ``advice`` on what to change (``check_fits``'s words; a host's out-of-memory message uses them too)."""
+
+    bytes: int
+    what: str
+    advice: str
+
+    def check(self, device: torch.device, free: int | None = None) -> None:
+        """Refuse the run when it cannot fit in ``device``'s free memory (``free``: bytes, else measured)."""
+        check_fits(self.bytes, device, self.what, self.advice, free=free)
 
 
 def _is_number(value) -> bool:

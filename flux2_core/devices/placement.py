@@ -61,6 +61,20 @@ def parse_devices(text: str) -> list[torch.device]:
     return out
 
 
+def split_devices(text: str | None, streamed: bool = False) -> list[torch.device]:
+    """The devices a loader's ``devices`` text splits the blocks across (empty text: none, the host's device),
+    refused with block streaming, which copies every block to one device as it runs."""
+    if not text or not text.strip():
+        return []
+    if streamed:
+        raise Flux2Error(
+            "devices and offload 'stream' cannot be combined: streaming copies every block to ComfyUI's GPU "
+            "as it runs, the split keeps each block on its own card. Set offload to none to split the model, "
+            "or clear devices to stream it"
+        )
+    return parse_devices(text)
+
+
 def plan_split(block_bytes: Sequence[int], shares: Sequence[float], first_extra: int = 0) -> list[int]:
     """Device index per block: contiguous runs whose bytes follow ``shares`` (one per device); the first
     device's share also covers ``first_extra`` bytes kept there (the parts outside the blocks)."""
