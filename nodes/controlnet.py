@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
-from ..flux2_core import MAX_CONTROL_STRENGTH, Flux2Error, enable_streaming, load_controlnet
-from . import host, sockets, types
-from .aliases import search_aliases
-from .loaders import quant_compute_input
-from .model_files import empty_folder_entry, empty_folder_message
+from ..flux2_core import MAX_CONTROL_STRENGTH, ControlSource, enable_streaming, load_controlnet
+from . import convert, host, sockets, types
+from .aliases import DEV
+from .inputs import file_choices, file_path, quant_compute_input
 from .sockets import io
 
 FOLDER = "controlnet"
@@ -25,16 +22,12 @@ CONTROL_FILE = "FLUX.2-dev-Fun-Controlnet-Union-2602.safetensors"
 ControlNetSocket = io.Custom(types.CONTROL_NET)
 
 
-def _choices() -> list[str]:
-    return host.filenames(FOLDER) or [empty_folder_entry(FOLDER, CONTROL_FILE)]
-
-
 class Flux2DevControlNetLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2DevControlNetLoader",
-            search_aliases=search_aliases("Flux2DevControlNetLoader"),
+            search_aliases=[*DEV, "controlnet", "fun controlnet", "union", "load controlnet", "控制网"],
             display_name="FLUX.2 [dev] Fun ControlNet Loader",
             category="flux2_klein/loaders",
             description=(
@@ -45,7 +38,7 @@ class Flux2DevControlNetLoader(io.ComfyNode):
             inputs=[
                 io.Combo.Input(
                     "control_net_name",
-                    options=_choices(),
+                    options=file_choices(FOLDER, CONTROL_FILE),
                     tooltip="FLUX.2-dev-Fun-Controlnet-Union(-2602).safetensors from models/controlnet "
                     "(bf16, or an fp8 version of it).",
                 ),
@@ -72,11 +65,9 @@ class Flux2DevControlNetLoader(io.ComfyNode):
     def execute(
         cls, control_net_name: str, quant_compute: str = "auto", offload: str = "none"
     ) -> io.NodeOutput:
-        if control_net_name == empty_folder_entry(FOLDER, CONTROL_FILE) and not host.filenames(FOLDER):
-            raise Flux2Error(empty_folder_message(FOLDER, CONTROL_FILE))
         load_device, offload_device = host.devices("diffusion_model")
         net = load_controlnet(
-            host.full_path(FOLDER, control_net_name),
+            file_path(FOLDER, control_net_name, CONTROL_FILE),
             dtype=host.default_dtype(load_device),
             device=offload_device,
             keep_quantized=load_device.type != "mps",
@@ -87,18 +78,13 @@ class Flux2DevControlNetLoader(io.ComfyNode):
         return io.NodeOutput(types.ControlNet(net, host.manage(net, load_device, offload_device)))
 
 
-def _pixels(image: torch.Tensor | None) -> torch.Tensor | None:
-    """ComfyUI IMAGE [B, H, W, 3] -> [1, 3, H, W] (the first image)."""
-    return None if image is None else image[:1, ..., :3].permute(0, 3, 1, 2).float().cpu()
-
-
 class Flux2DevApplyControlNet(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         fraction = {"min": 0.0, "max": 1.0, "step": 0.01}
         return io.Schema(
             node_id="Flux2DevApplyControlNet",
-            search_aliases=search_aliases("Flux2DevApplyControlNet"),
+            search_aliases=[*DEV, "controlnet", "apply controlnet", "pose", "depth", "canny", "控制网"],
             display_name="FLUX.2 [dev] Apply ControlNet",
             category="flux2_klein/conditioning",
             description=(
@@ -151,15 +137,9 @@ class Flux2DevApplyControlNet(io.ComfyNode):
     def execute(
         cls, conditioning, control_net, vae, control_image, strength, start, end, mask=None, image=None
     ) -> io.NodeOutput:
-        if start >= end:
-            raise Flux2Error(
-                f"control start {start} is not before its end {end}: the control would steer no step; use "
-                "start < end"
-            )
-        if (mask is None) != (image is None) and image is not None:
-            raise Flux2Error("the inpaint mode needs a mask with its image: connect the mask too")
-        pending = types.PendingControl(
-            control_net, vae, _pixels(control_image), None if mask is None else mask[0].float().cpu(),
-            _pixels(image), float(strength), float(start), float(end),
+        source = ControlSource(
+            control_net.net, vae.vae, convert.first_image(control_image), convert.first_mask(mask),
+            convert.first_image(image), strength, start, end, load_vae=lambda: host.load(vae.patcher),
         )  # fmt: skip
+        pending = types.PendingControl(source, control_net.patcher)
         return io.NodeOutput(replace(conditioning, control=pending))

@@ -1,4 +1,4 @@
-"""ComfyUI <-> core layouts: IMAGE, LATENT and the sampler's output size.
+"""ComfyUI <-> core layouts: IMAGE, MASK and LATENT.
 
 IMAGE is [B, H, W, C] float in 0..1 (channels last); the core takes reference images as [H, W, 3] in 0..1 and
 its VAE gives pixels [B, 3, H, W] in about -1..1. LATENT is ``{"samples": [B, 128, H/16, W/16]}``, the same
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..flux2_core import FLUX1, FLUX2, Flux2Error, ReferenceLatents
-from ..flux2_core import output_size as core_output_size
+from ..flux2_core import FLUX1, FLUX2, Flux2Error
 
 
 def image_to_list(image: torch.Tensor) -> list[torch.Tensor]:
@@ -57,19 +56,16 @@ def image_to_pixels(image: torch.Tensor) -> torch.Tensor:
     return (image.float() * 2.0 - 1.0).permute(2, 0, 1)[None].contiguous()
 
 
-def output_size(
-    width: int,
-    height: int,
-    batch_size: int,
-    references: ReferenceLatents | None = None,
-    latent: dict | None = None,
-    control_size: tuple[int, int] | None = None,
-) -> tuple[int, int, int]:
-    """(width, height, batch size) to sample. A latent sets all three; otherwise a 0 side takes the first
-    reference's processed size, else ``control_size`` (a control map's: ``control_output_size``), else the
-    default size (the core's rule)."""
-    if latent is not None:
-        batch, _, h, w = latent_samples(latent).shape
-        return w * FLUX2.size_multiple, h * FLUX2.size_multiple, batch
-    first = references.pixel_size(0) if references is not None and len(references) else control_size
-    return (*core_output_size(width, height, first), batch_size)
+def noise_mask(latent: dict | None) -> torch.Tensor | None:
+    """A LATENT's ``noise_mask`` (pixels, 1 = repaint: SetLatentNoiseMask's key), or None."""
+    return latent.get("noise_mask") if isinstance(latent, dict) else None
+
+
+def first_image(image: torch.Tensor | None) -> torch.Tensor | None:
+    """The first image of an IMAGE [B, H, W, C] as [1, 3, H, W] in 0..1, on the CPU."""
+    return None if image is None else image[:1, ..., :3].permute(0, 3, 1, 2).float().cpu()
+
+
+def first_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The first mask of a MASK [B, H, W] as [H, W], on the CPU."""
+    return None if mask is None else mask[0].float().cpu()

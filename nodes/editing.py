@@ -11,17 +11,18 @@ import torch
 
 from ..flux2_core import (
     FLUX2,
-    Flux2Error,
     ReferenceLatents,
-    check_size,
+    check_image_size,
     composite,
+    encode_image,
+    encode_images,
+    inpaint_crop,
     outpaint_canvas,
-    prepare_inpaint,
-    prepare_reference,
 )
 from . import convert, host, sockets, types
-from .aliases import search_aliases
+from .aliases import KLEIN
 from .sockets import io
+from .vae_runs import encoding
 
 PAD = {"default": 0, "min": 0, "max": 4096, "step": FLUX2.size_multiple}
 INPAINT = "flux2_klein/inpaint"
@@ -36,7 +37,7 @@ class Flux2KleinEncode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinEncode",
-            search_aliases=search_aliases("Flux2KleinEncode"),
+            search_aliases=[*KLEIN, "vae encode", "encode", "img2img", "编码"],
             display_name="FLUX.2 Encode",
             category="flux2_klein/latent",
             description=(
@@ -58,19 +59,10 @@ class Flux2KleinEncode(io.ComfyNode):
 
     @classmethod
     def execute(cls, vae: types.KleinVAE, image) -> io.NodeOutput:
-        height, width = image.shape[1:3]
-        m = FLUX2.size_multiple
-        check_size(width // m * m, height // m * m)  # a side the sampler would refuse is refused here
-        host.load(vae.patcher, vae.vae.encode_memory(height, width))
-        latents = []
-        for item in convert.image_to_list(image):
-            host.check_interrupt()
-            with host.out_of_memory(f"encoding {width}x{height}", "encode a smaller image"):
-                pixels = prepare_reference(item, max_pixels=width * height)
-                latents.append(vae.vae.encode(pixels).float())
-        if len({tuple(lat.shape) for lat in latents}) > 1:
-            raise Flux2Error("the images of the batch have different sizes: encode them separately")
-        return io.NodeOutput({"samples": torch.cat(latents).to(host.intermediate_device())})
+        check_image_size(image.shape[2], image.shape[1])  # a side the sampler would refuse is refused here
+        with encoding(vae, image.shape[1:3]):
+            latents = encode_images(vae.vae, convert.image_to_list(image), host.check_interrupt)
+        return io.NodeOutput({"samples": latents.to(host.intermediate_device())})
 
 
 class Flux2KleinInpaintPrepare(io.ComfyNode):
@@ -78,7 +70,7 @@ class Flux2KleinInpaintPrepare(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinInpaintPrepare",
-            search_aliases=search_aliases("Flux2KleinInpaintPrepare"),
+            search_aliases=[*KLEIN, "inpaint", "mask", "inpaint crop", "局部重绘"],
             display_name="FLUX.2 Inpaint Prepare",
             category=INPAINT,
             description=(
@@ -132,21 +124,13 @@ class Flux2KleinInpaintPrepare(io.ComfyNode):
     @classmethod
     def execute(cls, vae: types.KleinVAE, image, mask, references=None, grow_mask=0, crop_to_mask=False,
                 context=64):  # fmt: skip
-        if image.shape[0] != 1 or (mask.ndim == 3 and mask.shape[0] != 1):
-            raise Flux2Error("inpaint one image at a time: the image (and mask) batch must hold one")
-        pixels, crop_mask, stitch = prepare_inpaint(image[0], mask, grow_mask, crop_to_mask, context)
-        height, width = pixels.shape[:2]
-        host.load(vae.patcher, vae.vae.encode_memory(height, width))
-        with host.out_of_memory(f"encoding {width}x{height}", "use crop_to_mask or a smaller image"):
-            source = vae.vae.encode(prepare_reference(pixels, max_pixels=width * height)).float()
-        refs = ReferenceLatents.from_latents([source.cpu()])
-        if references is not None:
-            refs = refs + references
-        latent = {
-            "samples": source.to(host.intermediate_device()),
-            "noise_mask": crop_mask[None, None].to(host.intermediate_device()),
-        }
-        return io.NodeOutput(latent, refs, stitch)
+        pixels, crop_mask, stitch = inpaint_crop(image, mask, grow_mask, crop_to_mask, context)
+        with encoding(vae, pixels.shape[:2], "use crop_to_mask or a smaller image"):
+            source = encode_image(vae.vae, pixels)
+        refs = ReferenceLatents.from_latents([source.cpu()])  # the source first, then the extra references
+        device = host.intermediate_device()
+        latent = {"samples": source.to(device), "noise_mask": crop_mask[None, None].to(device)}
+        return io.NodeOutput(latent, refs if references is None else refs + references, stitch)
 
 
 class Flux2KleinComposite(io.ComfyNode):
@@ -154,7 +138,7 @@ class Flux2KleinComposite(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinComposite",
-            search_aliases=search_aliases("Flux2KleinComposite"),
+            search_aliases=[*KLEIN, "inpaint", "composite", "stitch", "paste back", "局部重绘"],
             display_name="FLUX.2 Composite",
             category=INPAINT,
             description=(
@@ -193,7 +177,7 @@ class Flux2KleinOutpaintPad(io.ComfyNode):
                  for name in ("left", "top", "right", "bottom")]  # fmt: skip
         return io.Schema(
             node_id="Flux2KleinOutpaintPad",
-            search_aliases=search_aliases("Flux2KleinOutpaintPad"),
+            search_aliases=[*KLEIN, "outpaint", "pad image", "extend", "扩图"],
             display_name="FLUX.2 Outpaint Pad",
             category=INPAINT,
             description=(

@@ -12,10 +12,10 @@ from ..flux2_core import (
     Flux2Error,
     position_extrapolation,
 )
-from .aliases import search_aliases
+from .aliases import KLEIN
 from .native_model import EXTRAPOLATION_OPTION, NativeDiT
-from .sampler import TOOLTIPS
 from .sockets import io
+from .tooltips import SAMPLER as TOOLTIPS
 
 
 class Flux2KleinPositionExtrapolation(io.ComfyNode):
@@ -23,7 +23,18 @@ class Flux2KleinPositionExtrapolation(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinPositionExtrapolation",
-            search_aliases=search_aliases("Flux2KleinPositionExtrapolation"),
+            search_aliases=[
+                *KLEIN,
+                "dype",
+                "high resolution",
+                "hi-res",
+                "4k",
+                "upscale",
+                "rope",
+                "ntk",
+                "yarn",
+                "高分辨率",
+            ],  # fmt: skip
             display_name="FLUX.2 Position Extrapolation",
             category="flux2_klein/native",
             description=(

@@ -16,20 +16,16 @@ from ..flux2_core import (
     STEP_CACHE_HELP,
     FillConditioning,
     FillSettings,
-    Flux2Error,
-    StepCache,
-    check_fits,
-    check_request,
     fill_inputs,
-    fill_memory,
-    prepare_inpaint,
+    plan_fill,
     sample_fill,
 )
 from . import convert, host, sockets, types
-from .aliases import search_aliases
-from .decode import IMAGE_OUTPUT, decode_samples, tile_inputs
-from .sampler import seed_input
+from .aliases import FILL
+from .inputs import seed_input, tile_inputs
 from .sockets import io
+from .tooltips import IMAGE_OUTPUT
+from .vae_runs import decode_samples, encoding
 
 TEXT_TOOLTIP = (
     "The prompt: describe what goes into the masked area (or the whole picture). T5 reads 512 tokens (BFL's "
@@ -63,7 +59,7 @@ class Flux1FillTextEncode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillTextEncode",
-            search_aliases=search_aliases("Flux1FillTextEncode"),
+            search_aliases=[*FILL, "clip text encode", "prompt"],
             display_name="FLUX.1 Fill [dev] Text Encode",
             category="flux1_fill/conditioning",
             description=(
@@ -100,7 +96,7 @@ class Flux1FillSampler(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillSampler",
-            search_aliases=search_aliases("Flux1FillSampler"),
+            search_aliases=[*FILL, "inpaint", "outpaint", "ksampler", "局部重绘", "扩图"],
             display_name="FLUX.1 Fill [dev] Sampler",
             category="flux1_fill/sampling",
             description=(
@@ -185,34 +181,17 @@ class Flux1FillSampler(io.ComfyNode):
     def execute(cls, model: types.FillModel, positive: FillConditioning, vae: types.FillVAE, image, mask,
                seed, steps, guidance, denoise=1.0, grow_mask=0, crop_to_mask=False, context=64,
                batch_size=1, step_cache=0.0):  # fmt: skip
-        if image.shape[0] != 1 or (mask.ndim == 3 and mask.shape[0] != 1):
-            raise Flux2Error("inpaint one image at a time: the image (and mask) batch must hold one")
-        crop, crop_mask, stitch = prepare_inpaint(image[0], mask, grow_mask, crop_to_mask, context)
-        height, width = crop_mask.shape
-        # linked values skip the widget ranges: every number is checked before a model is loaded
-        check_request(width, height, steps, guidance, seed, batch_size, MAX_FILL_GUIDANCE)
-        cache_rule = StepCache(step_cache)
-        host.load(vae.patcher, vae.vae.encode_memory(height, width))
-        with host.out_of_memory(f"encoding {width}x{height}", "use crop_to_mask or a smaller image"):
-            fill = fill_inputs(vae.vae, convert.image_to_pixels(crop), crop_mask, with_source=denoise < 1.0)
-        required = fill_memory(model.core, width, height, batch_size)
-        host.load(model.patcher, required)
-        what, advice = f"sampling {width}x{height}", "use crop_to_mask, a smaller image or a smaller batch"
-        device = model.patcher.load_device
-        check_fits(required, device, what, advice, free=host.free_memory(device))
         settings = FillSettings(seed, steps, guidance, batch_size, denoise)
-        with host.out_of_memory(what, advice):
-            samples = sample_fill(
-                model.core,
-                positive,
-                fill,
-                settings,
-                callback=host.step_reporter(steps, latent_format="Flux"),
-                interrupt=host.check_interrupt,
-                step_cache=cache_rule,
+        plan = plan_fill(model.core, image, mask, settings, grow_mask, crop_to_mask, context, step_cache)
+        with encoding(vae, plan.mask.shape, "use crop_to_mask or a smaller image"):
+            fill = fill_inputs(
+                vae.vae, convert.image_to_pixels(plan.crop), plan.mask, with_source=denoise < 1.0
             )
+        with host.running([model.patcher], plan.memory):
+            report, interrupt = host.step_reporter(steps, latent_format="Flux"), host.check_interrupt
+            samples = sample_fill(model.core, positive, fill, settings, report, interrupt, plan.step_cache)
         latent = {"samples": samples.to(host.intermediate_device())}
-        return sockets.output(latent, stitch, text=cache_rule.describe())
+        return sockets.output(latent, plan.stitch, text=plan.step_cache.describe())
 
 
 class Flux1FillDecode(io.ComfyNode):
@@ -220,7 +199,7 @@ class Flux1FillDecode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillDecode",
-            search_aliases=search_aliases("Flux1FillDecode"),
+            search_aliases=[*FILL, "vae decode", "decode"],
             display_name="FLUX.1 Fill [dev] Decode",
             category="flux1_fill/latent",
             description=(

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ..flux2_core import Flux2Error, load_fill_text_encoder, load_fill_transformer, load_flux1_vae
+from ..flux2_core import load_fill_text_encoder, load_fill_transformer, load_flux1_vae
 from . import host, sockets, types
-from .aliases import search_aliases
-from .loaders import quant_compute_input
-from .model_files import empty_folder_entry, empty_folder_message
+from .aliases import FILL
+from .inputs import file_choices, file_path, quant_compute_input
 from .sockets import io
 
 WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -41,24 +40,12 @@ TOOLTIPS = {
 CATEGORY = "flux1_fill/loaders"
 
 
-def _choices(folder: str, first: str) -> list[str]:
-    """The folder's files; an empty folder shows one entry naming ``first`` (an empty list cannot be
-    queued)."""
-    return host.filenames(folder) or [empty_folder_entry(folder, first)]
-
-
-def _path(folder: str, name: str, first: str) -> str:
-    if name == empty_folder_entry(folder, first) and not host.filenames(folder):
-        raise Flux2Error(empty_folder_message(folder, first))
-    return host.full_path(folder, name)
-
-
 class Flux1FillModelLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillModelLoader",
-            search_aliases=search_aliases("Flux1FillModelLoader"),
+            search_aliases=[*FILL, "load diffusion model", "inpaint", "outpaint"],
             display_name="FLUX.1 Fill [dev] Model Loader",
             category=CATEGORY,
             description=(
@@ -68,7 +55,7 @@ class Flux1FillModelLoader(io.ComfyNode):
             inputs=[
                 io.Combo.Input(
                     "model_name",
-                    options=_choices("diffusion_models", DIT_FILE),
+                    options=file_choices("diffusion_models", DIT_FILE),
                     tooltip=TOOLTIPS["model_name"],
                 ),
                 io.Combo.Input(
@@ -94,7 +81,7 @@ class Flux1FillModelLoader(io.ComfyNode):
     ) -> io.NodeOutput:
         load_device, offload_device = host.devices("diffusion_model")
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
-        path = _path("diffusion_models", model_name, DIT_FILE)
+        path = file_path("diffusion_models", model_name, DIT_FILE)
         # A chosen dtype dequantises quantised files at load; so does Apple's MPS, which cannot hold float8.
         keep = weight_dtype == "default" and load_device.type != "mps"
         model = load_fill_transformer(
@@ -110,7 +97,7 @@ class Flux1FillTextEncoderLoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillTextEncoderLoader",
-            search_aliases=search_aliases("Flux1FillTextEncoderLoader"),
+            search_aliases=[*FILL, "dual clip loader", "t5", "clip l"],
             display_name="FLUX.1 Fill [dev] Text Encoder Loader",
             category=CATEGORY,
             description=(
@@ -119,10 +106,12 @@ class Flux1FillTextEncoderLoader(io.ComfyNode):
             ),
             inputs=[
                 io.Combo.Input(
-                    "t5_name", options=_choices("text_encoders", T5_FILE), tooltip=TOOLTIPS["t5_name"]
+                    "t5_name", options=file_choices("text_encoders", T5_FILE), tooltip=TOOLTIPS["t5_name"]
                 ),
                 io.Combo.Input(
-                    "clip_name", options=_choices("text_encoders", CLIP_FILE), tooltip=TOOLTIPS["clip_name"]
+                    "clip_name",
+                    options=file_choices("text_encoders", CLIP_FILE),
+                    tooltip=TOOLTIPS["clip_name"],
                 ),
                 io.Combo.Input(
                     "device",
@@ -144,8 +133,8 @@ class Flux1FillTextEncoderLoader(io.ComfyNode):
     @classmethod
     def execute(cls, t5_name: str, clip_name: str, device: str = "default") -> io.NodeOutput:
         load_device, offload_device = host.devices("text_encoder", cpu=device == "cpu")
-        t5_path = _path("text_encoders", t5_name, T5_FILE)
-        clip_path = _path("text_encoders", clip_name, CLIP_FILE)
+        t5_path = file_path("text_encoders", t5_name, T5_FILE)
+        clip_path = file_path("text_encoders", clip_name, CLIP_FILE)
         encoder = load_fill_text_encoder(
             t5_path,
             clip_path,
@@ -163,12 +152,14 @@ class Flux1FillVAELoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux1FillVAELoader",
-            search_aliases=search_aliases("Flux1FillVAELoader"),
+            search_aliases=[*FILL, "load vae", "ae"],
             display_name="FLUX.1 Fill [dev] VAE Loader",
             category=CATEGORY,
             description="Loads the FLUX.1 VAE (ae.safetensors) from models/vae.",
             inputs=[
-                io.Combo.Input("vae_name", options=_choices("vae", VAE_FILE), tooltip=TOOLTIPS["vae_name"])
+                io.Combo.Input(
+                    "vae_name", options=file_choices("vae", VAE_FILE), tooltip=TOOLTIPS["vae_name"]
+                )
             ],
             outputs=[
                 sockets.FillVae.Output(
@@ -181,6 +172,6 @@ class Flux1FillVAELoader(io.ComfyNode):
     @classmethod
     def execute(cls, vae_name: str) -> io.NodeOutput:
         load_device, offload_device = host.devices("vae")
-        path = _path("vae", vae_name, VAE_FILE)
+        path = file_path("vae", vae_name, VAE_FILE)
         vae = load_flux1_vae(path, dtype=host.vae_dtype(load_device), device=offload_device)
         return io.NodeOutput(types.FillVAE(vae, host.manage(vae, load_device, offload_device)))

@@ -152,6 +152,18 @@ def out_of_memory(what: str, advice: str):
         raise Flux2Error(f"out of memory while {what}: {advice}") from None
 
 
+@contextlib.contextmanager
+def running(patchers: list, need, checked: list | None = None):
+    """The body runs a model: ``patchers`` loaded with ``need.bytes`` left free on each device (a
+    ``flux2_core.MemoryNeed``), the run refused when it cannot fit on the devices of ``checked`` (default:
+    every patcher's), and an out-of-memory error in it named with ``need``'s words."""
+    load_all(patchers, need.bytes)  # every device of a block split: each needs the activations
+    for device in dict.fromkeys(p.load_device for p in checked or patchers):
+        need.check(device, free=free_memory(device))
+    with out_of_memory(need.what, need.advice):
+        yield
+
+
 def free_memory(device: torch.device) -> int:
     """Bytes ComfyUI counts as free on ``device`` (after it evicted what it could for the last load)."""
     import comfy.model_management as mm

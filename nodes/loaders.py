@@ -13,7 +13,6 @@ import logging
 import torch
 
 from ..flux2_core import (
-    QUANT_COMPUTE_MODES,
     VARIANTS,
     Flux2Error,
     enable_streaming,
@@ -21,11 +20,12 @@ from ..flux2_core import (
     load_transformer,
     load_vae,
     parse_devices,
+    split_devices,
 )
 from . import host, sockets, types
-from .aliases import search_aliases
-from .model_files import empty_folder_entry, empty_folder_message
-from .sampler import KV_STORE
+from .aliases import KLEIN
+from .inputs import file_choices, file_path, quant_compute_input
+from .kv_store import KV_STORE
 from .sockets import io
 from .split import split_patchers
 
@@ -34,29 +34,6 @@ WEIGHT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 TEXT_ENCODER_DEVICES = ("default", "cpu")  # then the accelerators this machine has (cuda:0, ...)
 CATEGORY = "flux2_klein/loaders"
 log = logging.getLogger(__name__)
-
-QUANT_COMPUTE_TOOLTIP = (
-    "How the layers of a quantised file multiply. auto: in their own format where the GPU can, through "
-    "comfy-kitchen as native ComfyUI does (fp8 on RTX 40xx / Ada, Hopper and newer; nvfp4 and mxfp8 on "
-    "Blackwell; convrot_w4a4 everywhere; W4A8 on RTX 30xx / Ampere and newer; AWQ where a GPU kernel "
-    "exists; int8 and W4A8 on a CPU where they measure faster than bf16 there), else dequantised first. "
-    "dequantize: always dequantised to the "
-    "compute dtype first (the numerics of a bf16 matmul, slower on those GPUs). format: in format wherever "
-    "a kernel exists, even comfy-kitchen's slow CPU fallback (for checking). The log says per format which "
-    "ran. Memory stays the file's size either way; LoRAs add on top."
-)
-
-
-def quant_compute_input():
-    return io.Combo.Input(
-        "quant_compute",
-        options=list(QUANT_COMPUTE_MODES),
-        optional=True,
-        advanced=True,
-        tooltip=QUANT_COMPUTE_TOOLTIP,
-        default="auto",
-    )
-
 
 TOOLTIPS = {
     "model_name": "A FLUX.2 model from models/diffusion_models (or models/unet): klein 4B / 9B / base / "
@@ -94,23 +71,21 @@ TOOLTIPS = {
 }
 
 
-def _choices(folder: str) -> list[str]:
-    """The folder's files; an empty folder shows one entry saying so (an empty list cannot be queued)."""
-    return host.filenames(folder) or [empty_folder_entry(folder)]
-
-
-def _path(folder: str, name: str) -> str:
-    if name == empty_folder_entry(folder) and not host.filenames(folder):
-        raise Flux2Error(empty_folder_message(folder))
-    return host.full_path(folder, name)
-
-
 class Flux2KleinModelLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinModelLoader",
-            search_aliases=search_aliases("Flux2KleinModelLoader"),
+            search_aliases=[
+                *KLEIN,
+                "load diffusion model",
+                "unet loader",
+                "checkpoint",
+                "flux 2 dev",
+                "gguf",
+                "fp8",
+                "模型加载",
+            ],  # fmt: skip
             display_name="FLUX.2 Model Loader",
             category=CATEGORY,
             description=(
@@ -119,7 +94,7 @@ class Flux2KleinModelLoader(io.ComfyNode):
             ),
             inputs=[
                 io.Combo.Input(
-                    "model_name", options=_choices("diffusion_models"), tooltip=TOOLTIPS["model_name"]
+                    "model_name", options=file_choices("diffusion_models"), tooltip=TOOLTIPS["model_name"]
                 ),
                 io.Combo.Input(
                     "variant", options=list(VARIANT_CHOICES), tooltip=TOOLTIPS["variant"], default="auto"
@@ -175,34 +150,19 @@ class Flux2KleinModelLoader(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(
-        cls,
-        model_name: str,
-        variant: str,
-        weight_dtype: str = "default",
-        offload: str = "none",
-        resident_mb=0,
-        devices: str = "",
-        quant_compute: str = "auto",
-    ) -> io.NodeOutput:
-        chosen = _model_devices(devices, offload)
+    def execute(cls, model_name: str, variant: str, weight_dtype: str = "default", offload: str = "none",
+                resident_mb=0, devices: str = "", quant_compute: str = "auto") -> io.NodeOutput:  # fmt: skip
+        chosen = split_devices(devices, streamed=offload == "stream")
         load_device, offload_device = host.devices("diffusion_model", device=chosen[0] if chosen else None)
         dtype = WEIGHT_DTYPES.get(weight_dtype) or host.default_dtype(load_device)
-        path = _path("diffusion_models", model_name)
         # A chosen dtype dequantises quantised files at load; so does Apple's MPS, which cannot hold float8.
         keep = weight_dtype == "default" and all(d.type != "mps" for d in (chosen or [load_device]))
-        model = load_transformer(
-            path,
-            variant=variant,
-            dtype=dtype,
-            device=offload_device,
-            keep_quantized=keep,
-            quant_compute=quant_compute,
-        )
+        path = file_path("diffusion_models", model_name)
+        model = load_transformer(path, variant=variant, dtype=dtype, device=offload_device,
+                                 keep_quantized=keep, quant_compute=quant_compute)  # fmt: skip
         if offload == "stream":  # before the patcher: it then manages (and moves) only the resident part
-            enable_streaming(
-                model.transformer, load_device, resident_bytes=int(resident_mb) * 2**20, move=False
-            )
+            resident = int(resident_mb) * 2**20
+            enable_streaming(model.transformer, load_device, resident_bytes=resident, move=False)
         if len(chosen) > 1:
             patchers, split = split_patchers(model.transformer, chosen, offload_device)
             log.info("%s split across %d devices: %s", model_name, len(chosen), split)
@@ -216,25 +176,12 @@ class Flux2KleinModelLoader(io.ComfyNode):
         return sockets.output(loaded, text=split)
 
 
-def _model_devices(text: str | None, offload: str) -> list[torch.device]:
-    """The devices of the block split (none: ComfyUI's device), refused with streaming."""
-    if not text or not text.strip():
-        return []
-    if offload == "stream":
-        raise Flux2Error(
-            "devices and offload 'stream' cannot be combined: streaming copies every block to ComfyUI's GPU "
-            "as it runs, the split keeps each block on its own card. Set offload to none to split the model, "
-            "or clear devices to stream it"
-        )
-    return parse_devices(text)
-
-
 class Flux2KleinTextEncoderLoader(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinTextEncoderLoader",
-            search_aliases=search_aliases("Flux2KleinTextEncoderLoader"),
+            search_aliases=[*KLEIN, "load clip", "qwen3", "mistral", "text encoder", "文本编码器"],
             display_name="FLUX.2 Text Encoder Loader",
             category=CATEGORY,
             description=(
@@ -244,7 +191,7 @@ class Flux2KleinTextEncoderLoader(io.ComfyNode):
             inputs=[
                 io.Combo.Input(
                     "text_encoder_name",
-                    options=_choices("text_encoders"),
+                    options=file_choices("text_encoders"),
                     tooltip=TOOLTIPS["text_encoder_name"],
                 ),
                 io.Combo.Input(
@@ -268,7 +215,7 @@ class Flux2KleinTextEncoderLoader(io.ComfyNode):
     def execute(cls, text_encoder_name: str, device: str = "default"):
         chosen = parse_devices(device)[0] if device not in TEXT_ENCODER_DEVICES else None
         load_device, offload_device = host.devices("text_encoder", cpu=device == "cpu", device=chosen)
-        path = _path("text_encoders", text_encoder_name)
+        path = file_path("text_encoders", text_encoder_name)
         encoder = load_text_encoder(
             path,
             dtype=host.default_dtype(load_device),
@@ -293,13 +240,13 @@ class Flux2KleinVAELoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinVAELoader",
-            search_aliases=search_aliases("Flux2KleinVAELoader"),
+            search_aliases=[*KLEIN, "load vae", "vae", "VAE加载"],
             display_name="FLUX.2 VAE Loader",
             category=CATEGORY,
             description=(
                 "Loads the FLUX.2 VAE (flux2-vae.safetensors, the same for klein and dev) from models/vae."
             ),
-            inputs=[io.Combo.Input("vae_name", options=_choices("vae"), tooltip=TOOLTIPS["vae_name"])],
+            inputs=[io.Combo.Input("vae_name", options=file_choices("vae"), tooltip=TOOLTIPS["vae_name"])],
             outputs=[
                 sockets.Vae.Output(
                     display_name="vae", tooltip="The FLUX.2 autoencoder, for Reference Encode and Decode."
@@ -310,6 +257,6 @@ class Flux2KleinVAELoader(io.ComfyNode):
     @classmethod
     def execute(cls, vae_name: str):
         load_device, offload_device = host.devices("vae")
-        path = _path("vae", vae_name)
+        path = file_path("vae", vae_name)
         vae = load_vae(path, dtype=host.vae_dtype(load_device), device=offload_device)
         return io.NodeOutput(types.KleinVAE(vae, host.manage(vae, load_device, offload_device)))

@@ -12,8 +12,8 @@ import dataclasses
 
 from ..flux2_core import Flux2Error, parse_block_strengths, prepare_lora, read_lora
 from . import sockets
-from .aliases import search_aliases
-from .loaders import _choices, _path
+from .aliases import KLEIN
+from .inputs import file_choices, file_path
 from .sockets import io
 
 MAX_STRENGTH = 10.0
@@ -37,7 +37,7 @@ class Flux2KleinLoraLoader(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinLoraLoader",
-            search_aliases=search_aliases("Flux2KleinLoraLoader"),
+            search_aliases=[*KLEIN, "lora", "load lora", "lycoris", "lokr", "refcontrol"],
             display_name="FLUX.2 LoRA Loader",
             category="flux2_klein/loaders",
             description=(
@@ -46,7 +46,7 @@ class Flux2KleinLoraLoader(io.ComfyNode):
             ),
             inputs=[
                 sockets.Model.Input("model", tooltip=TOOLTIPS["model"]),
-                io.Combo.Input("lora_name", options=_choices("loras"), tooltip=TOOLTIPS["lora_name"]),
+                io.Combo.Input("lora_name", options=file_choices("loras"), tooltip=TOOLTIPS["lora_name"]),
                 io.Float.Input(
                     "strength",
                     tooltip=TOOLTIPS["strength"],
@@ -99,7 +99,7 @@ class Flux2KleinLoraLoader(io.ComfyNode):
             raise Flux2Error(
                 f"strength {strength} is out of range: use -{MAX_STRENGTH:g} to {MAX_STRENGTH:g}"
             )
-        lora_file = read_lora(_path("loras", lora_name))
+        lora_file = read_lora(file_path("loras", lora_name))
         encoder = text_encoder.encoder.model if text_encoder is not None else None
         lora = prepare_lora(
             lora_file, model.core.transformer, encoder, strength, block_strengths or None, name=lora_name

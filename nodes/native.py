@@ -14,9 +14,9 @@ import torch
 
 from ..flux2_core import TEXT_ENCODER_FOR_CONTEXT, Flux2Error
 from . import host, sockets, types
-from .aliases import search_aliases
+from .aliases import KLEIN
+from .kv_store import KV_STORE
 from .native_model import native_model
-from .sampler import KV_STORE
 from .sockets import io
 
 CATEGORY = "flux2_klein/native"
@@ -27,7 +27,7 @@ class Flux2KleinToNativeModel(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinToNativeModel",
-            search_aliases=search_aliases("Flux2KleinToNativeModel"),
+            search_aliases=[*KLEIN, "native", "model", "bridge", "ksampler"],
             display_name="FLUX.2 to native MODEL",
             category=CATEGORY,
             description=(
@@ -56,7 +56,7 @@ class Flux2KleinToNativeConditioning(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinToNativeConditioning",
-            search_aliases=search_aliases("Flux2KleinToNativeConditioning"),
+            search_aliases=[*KLEIN, "native", "conditioning", "bridge", "reference latent"],
             display_name="FLUX.2 to native CONDITIONING",
             category=CATEGORY,
             description=(
@@ -86,13 +86,7 @@ class Flux2KleinToNativeConditioning(io.ComfyNode):
 
     @classmethod
     def execute(cls, conditioning: types.KleinConditioning, references=None) -> io.NodeOutput:
-        if conditioning.control is not None:  # refused, never dropped: native samplers cannot run it
-            raise Flux2Error(
-                "the Fun ControlNet is run by the FLUX.2 Sampler only, not by native sampling nodes: connect "
-                "FLUX.2 [dev] Apply ControlNet to the FLUX.2 Sampler's positive input, or take it out of "
-                "this native graph"
-            )
-        return io.NodeOutput(conditioning.to_native(references))
+        return io.NodeOutput(conditioning.to_native(references))  # refuses a ControlNet: native cannot run it
 
 
 class Flux2KleinFromNativeConditioning(io.ComfyNode):
@@ -100,7 +94,7 @@ class Flux2KleinFromNativeConditioning(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinFromNativeConditioning",
-            search_aliases=search_aliases("Flux2KleinFromNativeConditioning"),
+            search_aliases=[*KLEIN, "native", "conditioning", "bridge", "clip text encode"],
             display_name="FLUX.2 from native CONDITIONING",
             category=CATEGORY,
             description=(

@@ -8,11 +8,11 @@ from ..flux2_core import (
     MAX_REFERENCE_STRENGTH,
     ReferenceStrength,
     encode_references,
-    processed_size,
+    reference_encode_memory,
 )
 from . import convert, host, sockets, types
-from .aliases import search_aliases
-from .decode import tile_inputs
+from .aliases import KLEIN
+from .inputs import tile_inputs
 from .sockets import io
 
 MEGAPIXEL = 1024 * 1024  # BFL's and diffusers' "1 MP" is 1024 x 1024
@@ -53,7 +53,16 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinReferenceEncode",
-            search_aliases=search_aliases("Flux2KleinReferenceEncode"),
+            search_aliases=[
+                *KLEIN,
+                "reference latent",
+                "reference image",
+                "edit",
+                "multi reference",
+                "image edit",
+                "参考图",
+                "编辑",
+            ],  # fmt: skip
             display_name="FLUX.2 Reference Encode",
             category="flux2_klein/conditioning",
             description=(
@@ -138,40 +147,13 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(
-        cls,
-        vae: types.KleinVAE,
-        image,
-        references=None,
-        max_megapixels: float = 1.0,
-        resize: str = "crop",
-        tile_size: int = 0,
-        tile_overlap: int = 64,
-        strength: float = 1.0,
-        start: float = 0.0,
-        end: float = 1.0,
-    ):
+    def execute(cls, vae: types.KleinVAE, image, references=None, max_megapixels: float = 1.0, resize="crop",
+                tile_size=0, tile_overlap=64, strength=1.0, start=0.0, end=1.0) -> io.NodeOutput:  # fmt: skip
         weight = ReferenceStrength(strength, start, end)  # checked before the VAE runs
-        images = convert.image_to_list(image)
-        pixels = int(max_megapixels * MEGAPIXEL)
-        host.load(vae.patcher, _encode_memory(vae.vae, images, pixels, resize, tile_size, tile_overlap))
-        encoded = encode_references(
-            vae.vae,
-            images,
-            pixels,
-            host.check_interrupt,
-            fit=resize,
-            tile_size=tile_size,
-            tile_overlap=tile_overlap,
-        )
+        images, pixels = convert.image_to_list(image), int(max_megapixels * MEGAPIXEL)
+        tiles = {"tile_size": tile_size, "tile_overlap": tile_overlap}
+        host.load(vae.patcher, reference_encode_memory(vae.vae, images, pixels, resize, **tiles))
+        encoded = encode_references(vae.vae, images, pixels, host.check_interrupt, fit=resize, **tiles)
         if not weight.plain:
             encoded = encoded.with_strength(weight)
         return io.NodeOutput(encoded if references is None else references + encoded)
-
-
-def _encode_memory(vae, images: list, max_pixels: int, resize: str, tile_size: int, overlap: int) -> int:
-    """What encoding the largest of ``images`` needs, at the size preprocessing gives it ("resize" may round
-    a side up by up to 16 px)."""
-    pad = 16 if resize == "resize" else 0
-    sizes = [processed_size(img.shape[1], img.shape[0], max_pixels) for img in images]
-    return max((vae.encode_memory(h + pad, w + pad, tile_size, overlap) for w, h in sizes), default=0)

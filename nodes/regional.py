@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..flux2_core import MAX_REFERENCE_STRENGTH, Flux2Error, Region, RegionalPrompt
 from . import sockets, types
-from .aliases import search_aliases
+from .aliases import KLEIN
 from .sockets import io
 
 STRENGTH_TOOLTIP = (
@@ -19,7 +19,7 @@ class Flux2KleinRegionalPrompt(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinRegionalPrompt",
-            search_aliases=search_aliases("Flux2KleinRegionalPrompt"),
+            search_aliases=[*KLEIN, "regional", "region", "area prompt", "mask prompt", "区域提示词"],
             display_name="FLUX.2 Regional Prompt",
             category="flux2_klein/conditioning",
             description=(

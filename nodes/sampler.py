@@ -7,87 +7,26 @@ model when references are given. A wrong text encoder for the model is refused b
 
 from __future__ import annotations
 
-import logging
-from dataclasses import replace
-
-import torch
-
 from ..flux2_core import (
     EXTRAPOLATION_BASE,
     EXTRAPOLATION_METHODS,
     FLUX2,
     MAX_BATCH,
     MAX_GUIDANCE,
-    MAX_SEED,
     MAX_SIZE,
     MAX_STEP_CACHE,
     MAX_STEPS,
-    STEP_CACHE_HELP,
-    AppliedControl,
-    Flux2Error,
-    RefKVStore,
-    SampleRequest,
-    SampleSettings,
-    StepCache,
-    check_fits,
-    control_context,
-    control_output_size,
-    encode_reference_kv,
-    estimate_memory,
-    latent_mask,
-    sample,
+    SamplerInputs,
+    plan_sampling,
 )
-from ..flux2_core import position_extrapolation as extrapolation_setting
 from . import convert, host, sockets, types
-from .aliases import search_aliases
+from .aliases import KLEIN
+from .inputs import seed_input
+from .kv_store import KV_STORE
 from .sockets import io
+from .tooltips import SAMPLER as TOOLTIPS
 
 MIN_SIZE, SIZE_MULTIPLE = FLUX2.min_size, FLUX2.size_multiple
-KV_STORE = RefKVStore()  # reference K/V of the 9B-KV model, kept across queue runs
-log = logging.getLogger(__name__)
-
-TOOLTIPS = {
-    "model": "From FLUX.2 Model Loader.",
-    "positive": "The prompt, from FLUX.2 Text Encode (its text encoder must be the model's).",
-    "seed": "Noise seed. The noise is drawn on the CPU, so a seed gives the same image on any device.",
-    "steps": "4 for distilled and KV, about 50 for base and for dev (28 is a good trade-off for dev).",
-    "guidance": "base: CFG scale (about 4; above 1 it needs a negative prompt). dev: the guidance value "
-    "embedded in the model (about 4; one pass per step, no negative prompt). Distilled and KV models ignore "
-    "it: keep 1.",
-    "width": "Output width in pixels, a multiple of 16 (at least 64). 0: the first reference's width after "
-    "its pixel cap; without references the control map's at about 1 megapixel (FLUX.2 [dev] Apply "
-    "ControlNet), else 1024.",
-    "height": "Output height in pixels, a multiple of 16 (at least 64). 0: the first reference's height "
-    "after its pixel cap; without references the control map's at about 1 megapixel, else 1024.",
-    "batch_size": "Images per run (each from its own slice of one noise draw).",
-    "negative": "Negative prompt for base models with guidance > 1 (an empty prompt is the usual choice). "
-    "Distilled, KV and dev models do not use it.",
-    "references": "Reference images to edit or combine, from FLUX.2 Reference Encode.",
-    "latent": "Optional: its shape sets width, height and batch size (e.g. EmptyFlux2LatentImage). With "
-    "denoise below 1 it is the image to start from (img2img, e.g. FLUX.2 Encode); with a noise_mask "
-    "(FLUX.2 Inpaint Prepare, or native Set Latent Noise Mask) only the mask's area is repainted. "
-    "Otherwise its content is ignored: sampling starts from pure noise.",
-    "denoise": "How much of the schedule runs from the latent: 1 repaints fully (text-to-image, or inpaint "
-    "from noise), lower keeps more of the latent (img2img: the first steps are skipped, as in diffusers).",
-    "kv_cache": "9B-KV model only (others ignore it): reuse keeps the references' keys/values across runs, "
-    "so a new prompt or seed with the same references skips the reference pass (same output as without). "
-    "off: compute every run.",
-    "step_cache": STEP_CACHE_HELP,
-    "sigmas": "Optional: a schedule from a native node (ManualSigmas, BasicScheduler, Flux2Scheduler, ...), "
-    "run as given instead of this sampler's own: steps becomes the list's steps (a final 0 is added when "
-    "missing) and denoise below 1 skips the list's first steps. Values from 1 down to 0, each below the one "
-    "before.",
-    "position_extrapolation": "For images past extrapolation_base on a side (4 MP and beyond): dype moves "
-    "the image's RoPE frequencies per axis as the noise falls (DyPE), so one pass keeps the layout of a "
-    "picture larger than the model was trained on. off, or an image within the base: today's output exactly.",
-    "extrapolation_base": "Pixels per side the model handles natively (klein: 2048, trained to about 4 MP); "
-    "only longer sides are extrapolated.",
-}
-
-
-def seed_input(tooltip: str) -> io.Int.Input:
-    """The noise seed every sampler node takes (the editor adds its randomize / fixed control after it)."""
-    return io.Int.Input("seed", tooltip=tooltip, default=0, min=0, max=MAX_SEED, control_after_generate=True)
 
 
 class Flux2KleinSampler(io.ComfyNode):
@@ -96,7 +35,17 @@ class Flux2KleinSampler(io.ComfyNode):
         size = {"default": 1024, "min": 0, "max": MAX_SIZE, "step": SIZE_MULTIPLE}
         return io.Schema(
             node_id="Flux2KleinSampler",
-            search_aliases=search_aliases("Flux2KleinSampler"),
+            search_aliases=[
+                *KLEIN,
+                "ksampler",
+                "sampler",
+                "generate",
+                "text to image",
+                "txt2img",
+                "edit",
+                "img2img",
+                "采样器",
+            ],  # fmt: skip
             display_name="FLUX.2 Sampler",
             category="flux2_klein/sampling",
             description=(
@@ -190,103 +139,28 @@ class Flux2KleinSampler(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(
-        cls,
-        model: types.KleinModel,
-        positive: types.KleinConditioning,
-        seed: int,
-        steps: int,
-        guidance: float,
-        width: int,
-        height: int,
-        batch_size: int,
-        negative: types.KleinConditioning | None = None,
-        references=None,
-        latent=None,
-        denoise: float = 1.0,
-        kv_cache: str = "reuse",
-        step_cache: float = 0.0,
-        position_extrapolation: str = "off",
-        extrapolation_base: int = EXTRAPOLATION_BASE,
-        sigmas=None,
-    ) -> io.NodeOutput:
-        pending = positive.control
-        by_control = None if pending is None else control_output_size(pending.control, pending.image)
-        width, height, batch_size = convert.output_size(
-            width, height, batch_size, references, latent, by_control
-        )
-        settings = SampleSettings(width, height, steps, guidance, seed, batch_size)
-        if sigmas is not None:  # a native schedule, as given: its length sets the steps
-            settings = settings.with_sigmas(sigmas)
-        cache_rule = StepCache(step_cache)  # checked before anything is loaded
-        grid = (height // SIZE_MULTIPLE, width // SIZE_MULTIPLE)
-        noise_mask = latent.get("noise_mask") if isinstance(latent, dict) else None
-        editing = latent is not None and (denoise < 1.0 or noise_mask is not None)
-        start = convert.latent_samples(latent) if editing else None  # else the core says what is missing
-        mask = latent_mask(noise_mask, grid, batch_size) if noise_mask is not None else None
-        # every number (linked values skip the widget ranges), the text encoder (the model's: dev: Mistral,
-        # klein: its Qwen3) and the edit inputs are checked here, before the model is loaded
-        if negative is not None and negative.regions is not None:
-            raise Flux2Error("the negative prompt cannot be regional: connect one FLUX.2 Text Encode to it")
-        if negative is not None and negative.control is not None:
-            raise Flux2Error("connect FLUX.2 [dev] Apply ControlNet to the positive prompt (it steers both)")
-        control = applied_control(positive.control, height, width)
-        request = SampleRequest(
+    def execute(cls, model: types.KleinModel, positive: types.KleinConditioning, seed: int, steps: int,
+                guidance: float, width: int, height: int, batch_size: int,
+                negative: types.KleinConditioning | None = None, references=None, latent=None, denoise=1.0,
+                kv_cache="reuse", step_cache=0.0, position_extrapolation="off",
+                extrapolation_base=EXTRAPOLATION_BASE, sigmas=None) -> io.NodeOutput:  # fmt: skip
+        numbers = SamplerInputs(seed, steps, guidance, width, height, batch_size, denoise, step_cache,
+                                position_extrapolation, extrapolation_base, sigmas)  # fmt: skip
+        noise_mask = convert.noise_mask(latent)
+        plan = plan_sampling(
             model.core,
-            positive.embeds,
-            settings,
-            regions=positive.regions,
-            negative=negative.embeds if negative is not None else None,
+            positive.prompt,
+            numbers,
+            negative=negative.prompt if negative is not None else None,
             references=references,
-            interrupt=host.check_interrupt,
-            start=start,
-            strength=denoise,
-            mask=mask,
-            step_cache=cache_rule,
-            control=control,
-            extrapolation=extrapolation_setting(position_extrapolation, extrapolation_base),
+            latent=convert.latent_samples(latent) if latent is not None else None,
+            noise_mask=noise_mask,
+            kv_store=None if kv_cache == "off" else KV_STORE,  # 9B-KV only: the references' K/V kept
         )
-        net = control.net if control is not None else None
-        required = estimate_memory(model.core, settings, references, positive.regions, net)
-        patchers = [*model.patchers, *([pending.control_net.patcher] if control is not None else [])]
-        host.load_all(patchers, required)  # every device of a block split: each needs the activations
-        tokens = references.num_tokens if references is not None else 0
-        what = f"sampling {width}x{height}" + (
-            f" with {len(references)} references ({tokens} tokens)" if tokens else ""
-        )
-        advice = "lower width/height, the batch size, the number of references or their max_megapixels"
-        for device in dict.fromkeys(p.load_device for p in model.patchers):
-            check_fits(required, device, what, advice, free=host.free_memory(device))
-        with host.out_of_memory(what, advice):
-            reference_kv = cls._reference_kv(model.core, references, kv_cache)
-            report = host.step_reporter(settings.steps)
-            samples = sample(replace(request, kv_cache=reference_kv, callback=report))
+        control = [positive.control.patcher] if positive.control is not None else []
+        with host.running([*model.patchers, *control], plan.memory, checked=model.patchers):
+            samples = plan.run(host.step_reporter(plan.steps), host.check_interrupt)
         out = {"samples": samples.to(host.intermediate_device())}
         if noise_mask is not None:  # kept, as native samplers keep it, for a second (refining) pass
             out["noise_mask"] = noise_mask
-        return sockets.output(out, text=cache_rule.describe())
-
-    @staticmethod
-    def _reference_kv(model, references, mode: str):
-        """The KV model's reference K/V: from the store when these references ran before on this model."""
-        if not model.variant.kv_cache or references is None or not len(references):
-            return None
-        compute = lambda: encode_reference_kv(model, references)  # noqa: E731
-        if mode == "off":
-            return compute()
-        cache, reused = KV_STORE.get(model, references, compute)
-        log.info("reference K/V %s (%d entries, %.2f GB kept)", "reused from the cache" if reused else
-                 "computed", len(KV_STORE), KV_STORE.nbytes / 2**30)  # fmt: skip
-        return cache
-
-
-def applied_control(pending: types.PendingControl | None, height: int, width: int):
-    """The ``AppliedControl`` of a conditioning's pending control at the sampler's output size."""
-    if pending is None:
-        return None
-    host.load(pending.vae.patcher)
-    with torch.inference_mode():
-        context = control_context(
-            pending.vae.vae, height, width, pending.control, pending.mask, pending.image
-        )
-    return AppliedControl(pending.control_net.net, context, pending.strength, pending.start, pending.end)
+        return sockets.output(out, text=plan.step_cache.describe())

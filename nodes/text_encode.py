@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import host, sockets, types
-from .aliases import search_aliases
+from .aliases import KLEIN
 from .sockets import io
 
 TEXT_TOOLTIP = (
@@ -20,7 +20,7 @@ class Flux2KleinTextEncode(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="Flux2KleinTextEncode",
-            search_aliases=search_aliases("Flux2KleinTextEncode"),
+            search_aliases=[*KLEIN, "clip text encode", "prompt", "positive", "negative", "提示词"],
             display_name="FLUX.2 Text Encode",
             category="flux2_klein/conditioning",
             description=(

@@ -11,20 +11,18 @@ from ..flux2_core import (
     MAX_STEPS,
     TILE_OVERLAP,
     TILE_SIZE,
-    Flux2Error,
     TiledRefine,
-    check_conditioning,
-    check_fits,
-    check_size,
-    prepare_reference,
-    tiled_memory,
+    encode_image,
+    refine_image,
+    refine_memory,
     tiled_refine,
 )
 from . import convert, host, sockets, types
-from .aliases import search_aliases
-from .sampler import TOOLTIPS as SAMPLER_TOOLTIPS
-from .sampler import seed_input
+from .aliases import KLEIN
+from .inputs import seed_input
 from .sockets import io
+from .tooltips import SAMPLER as SAMPLER_TOOLTIPS
+from .vae_runs import encoding
 
 TOOLTIPS = {
     "model": "From FLUX.2 Model Loader (klein 4B / 9B, base, or the LoRA loader).",
@@ -52,7 +50,18 @@ class Flux2KleinTiledRefine(io.ComfyNode):
         tile = {"min": 256, "max": MAX_SIZE, "step": FLUX2.size_multiple}
         return io.Schema(
             node_id="Flux2KleinTiledRefine",
-            search_aliases=search_aliases("Flux2KleinTiledRefine"),
+            search_aliases=[
+                *KLEIN,
+                "upscale",
+                "tiled upscale",
+                "ultimate sd upscale",
+                "tiled diffusion",
+                "refine",
+                "hi-res fix",
+                "4k",
+                "放大",
+                "高清修复",
+            ],  # fmt: skip
             display_name="FLUX.2 Tiled Refine",
             category="flux2_klein/sampling",
             description=(
@@ -100,48 +109,18 @@ class Flux2KleinTiledRefine(io.ComfyNode):
         )
 
     @classmethod
-    def execute(
-        cls,
-        model: types.KleinModel,
-        positive: types.KleinConditioning,
-        vae: types.KleinVAE,
-        image,
-        seed: int,
-        steps: int,
-        denoise: float,
-        tile_size: int,
-        tile_overlap: int,
-        negative: types.KleinConditioning | None = None,
-        guidance: float = 1.0,
-    ) -> io.NodeOutput:
-        for cond, name in ((positive, "positive"), (negative, "negative")):
-            if cond is not None and (cond.regions is not None or cond.control is not None):
-                raise Flux2Error(
-                    f"FLUX.2 Tiled Refine takes a plain {name} prompt: connect FLUX.2 Text Encode (regional "
-                    "prompts and the ControlNet run on the FLUX.2 Sampler)"
-                )
-        check_conditioning(model.core, positive.embeds)
-        if image.shape[0] != 1:
-            raise Flux2Error(f"FLUX.2 Tiled Refine refines one image, got a batch of {image.shape[0]}")
-        height, width = image.shape[1:3]
-        m = FLUX2.size_multiple
-        check_size(width // m * m, height // m * m)
-        host.load(vae.patcher, vae.vae.encode_memory(height, width))
-        with host.out_of_memory(f"encoding {width}x{height}", "encode a smaller image"):
-            source = vae.vae.encode(
-                prepare_reference(convert.image_to_list(image)[0], width * height)
-            ).float()
+    def execute(cls, model: types.KleinModel, positive: types.KleinConditioning, vae: types.KleinVAE, image,
+                seed: int, steps: int, denoise: float, tile_size: int, tile_overlap: int,
+                negative: types.KleinConditioning | None = None, guidance=1.0) -> io.NodeOutput:  # fmt: skip
+        negative_prompt = negative.prompt if negative is not None else None
+        picture = refine_image(model.core, positive.prompt, negative_prompt, convert.image_to_list(image))
+        with encoding(vae, picture.shape[:2]):
+            source = encode_image(vae.vae, picture)
         request = TiledRefine(
             model.core, positive.embeds, source, steps, denoise, seed, tile_size, tile_overlap,
             negative=negative.embeds if negative is not None else None, guidance=guidance,
             callback=host.step_reporter(steps), interrupt=host.check_interrupt,
         )  # fmt: skip
-        required = tiled_memory(request)
-        host.load_all(model.patchers, required)
-        what = f"tiled refine of {request.width}x{request.height} in {tile_size} px tiles"
-        advice = "use a smaller tile_size or a smaller image"
-        for device in dict.fromkeys(p.load_device for p in model.patchers):
-            check_fits(required, device, what, advice, free=host.free_memory(device))
-        with host.out_of_memory(what, advice):
+        with host.running(model.patchers, refine_memory(request)):
             samples = tiled_refine(request)
         return io.NodeOutput({"samples": samples.to(host.intermediate_device())})

@@ -16,11 +16,13 @@ import torch
 from ..flux2_core import (
     REGIONS_AND_REFERENCES,
     AutoEncoder,
+    ControlSource,
     FillTextEncoder,
     Flux1AutoEncoder,
     Flux1FillModel,
     Flux2Error,
     Flux2Model,
+    Prompt,
     RegionalPrompt,
     TextEncoder,
 )
@@ -106,13 +108,24 @@ class KleinConditioning:
     encoder_name: str  # "Qwen3-4B", "Qwen3-8B", "Mistral-Small-3.2-24B" or a description of another shape
     width: int  # 3E: 7680 for Qwen3-4B (klein 4B), 12288 for Qwen3-8B (klein 9B), 15360 for Mistral (dev)
     regions: RegionalPrompt | None = None
-    control: Any = None  # a PendingControl (FLUX.2 [dev] Apply ControlNet), made at the sampler's size
+    control: PendingControl | None = None  # FLUX.2 [dev] Apply ControlNet's, made at the sampler's size
+
+    @property
+    def prompt(self) -> Prompt:
+        """The core's view of this prompt: the embedding, the regions, the ControlNet."""
+        return Prompt(self.embeds, self.regions, self.control.source if self.control is not None else None)
 
     def to_native(self, references=None) -> list:
         """The same embedding as native ComfyUI ``CONDITIONING`` (what native Klein encoding gives for a
         512-token prompt): ``[[embeds, {"pooled_output": None}]]``; with ``references``
         (``ReferenceLatents``) also their latents, as native ``ReferenceLatent`` adds them, and, unless every
         one is plain, their strengths (``REFERENCE_STRENGTHS``, read by our native model)."""
+        if self.control is not None:  # refused, never dropped: native samplers cannot run it
+            raise Flux2Error(
+                "the Fun ControlNet is run by the FLUX.2 Sampler only, not by native sampling nodes: connect "
+                "FLUX.2 [dev] Apply ControlNet to the FLUX.2 Sampler's positive input, or take it out of "
+                "this native graph"
+            )
         options = {"pooled_output": None}
         if self.regions is not None:
             if references is not None and len(references):
@@ -150,17 +163,12 @@ class ControlNet:
 
 @dataclass
 class PendingControl:
-    """What FLUX.2 [dev] Apply ControlNet was given; the sampler builds the control context at its output
-    size (``control_context``), so one conditioning serves any size."""
+    """What FLUX.2 [dev] Apply ControlNet was given: the core's ``ControlSource`` (the net, the VAE, the maps;
+    the sampler builds the control context at its output size, so one conditioning serves any size) and the
+    patcher that loads the net beside the DiT."""
 
-    control_net: ControlNet
-    vae: KleinVAE
-    control: torch.Tensor | None  # [1, 3, H, W] in [0, 1]
-    mask: torch.Tensor | None  # [H, W], 1 = regenerate
-    image: torch.Tensor | None  # [1, 3, H, W] in [0, 1]
-    strength: float
-    start: float
-    end: float
+    source: ControlSource
+    patcher: Any
 
 
 @dataclass

@@ -70,8 +70,7 @@ def test_reference_resize_keeps_the_whole_picture(nodes, loaded):
 
 
 def test_kv_cache_is_reused_across_runs_with_the_same_output(nodes, pack, loaded):
-    sampler_module = sys.modules[f"{pack.__name__}.nodes.sampler"]
-    store = sampler_module.KV_STORE
+    store = sys.modules[f"{pack.__name__}.nodes.kv_store"].KV_STORE
     store.clear()
     (kv_model,) = nodes["Flux2KleinModelLoader"].execute("klein_tiny.safetensors", "kv")
     (refs,) = nodes["Flux2KleinReferenceEncode"].execute(loaded["vae"], image(64, 64, seed=1))

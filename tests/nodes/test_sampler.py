@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 from comfy_stubs import InterruptProcessingException, pack_nodes
@@ -53,8 +51,8 @@ def test_width_zero_takes_the_reference_size(nodes, loaded):
 
 
 def test_width_zero_without_references_is_1024(pack):
-    convert = sys.modules[f"{pack.__name__}.nodes.convert"]
-    assert convert.output_size(0, 0, 2) == (1024, 1024, 2)
+    inputs = core_module(pack).SamplerInputs(seed=0, steps=4, guidance=1.0, width=0, height=0, batch_size=2)
+    assert inputs.output_size(None, None, None) == (1024, 1024, 2)
 
 
 def test_native_latent_sets_size_and_batch(nodes, loaded):
