@@ -1,12 +1,14 @@
-"""Generate every node's help page, in English and Chinese, from the node schemas and a hand-written part.
+"""Generate every node's help page, in English and Chinese, and the Chinese locale of the node names, from
+the node schemas and a hand-written part.
 
-    python scripts/build_node_help.py          # (re)write web/docs/<NodeId>.md and web/docs/<NodeId>/zh.md
+    python scripts/build_node_help.py          # (re)write web/docs/<NodeId>.md, web/docs/<NodeId>/zh.md and
+                                               # locales/zh/nodeDefs.json
     python scripts/build_node_help.py --check  # exit 1 if the files on disk differ from what it makes
 
 ComfyUI's node help panel fetches ``/extensions/<pack>/docs/<NodeId>/<locale>.md``, then
 ``/extensions/<pack>/docs/<NodeId>.md``, from the pack's ``WEB_DIRECTORY`` (``web/``). Each page is:
 
-* the node's display name and description (English: the schema's; Chinese: ``locales/zh/nodeDefs.json``);
+* the node's display name and description (English: the schema's; Chinese: the hand-written page's);
 * "What it is for", hand-written in ``docs/node-help/<lang>/<NodeId>.md``;
 * the inputs and outputs, generated from the schema: name, type, default, tooltip (advanced inputs marked),
   so a page cannot name an input the node lacks nor miss one it has;
@@ -14,7 +16,13 @@ ComfyUI's node help panel fetches ``/extensions/<pack>/docs/<NodeId>/<locale>.md
 
 In the hand-written part, ``{name}`` is one of this node's inputs or outputs: it becomes the name as the
 editor shows it in that language, and a name the node does not have is an error.
-tests/test_node_help.py regenerates the pages in memory and compares them with the committed files.
+
+The Chinese page starts with the node's words in the editor (``## 界面文字``): its name and description, and
+a line per input and output (``- 输入 `name` **label**：tooltip``, ``- 输出 `name` **label**：tooltip``),
+each of the schema's exactly once. ``locales/zh/nodeDefs.json``, which the editor reads when its language is
+中文, is made from them, keyed as the schema declares the node (inputs by name, outputs by position).
+tests/test_node_help.py regenerates the pages and the locale in memory and compares them with the committed
+files.
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ from workflow_builder.schemas import NODE_DOCS, REPO, NodeDoc  # noqa: E402  (th
 
 HAND_WRITTEN = REPO / "docs" / "node-help"
 ZH_NODE_DEFS = REPO / "locales" / "zh" / "nodeDefs.json"
+LOCALE_HEADING = "## 界面文字"  # the Chinese page's first section: the node's words in the editor
+LOCALE_LINE = re.compile(r"^- (输入|输出) `([A-Za-z_][A-Za-z0-9_]*)` \*\*(.+?)\*\*(?:：(.+))?$")
+NAME_LINE, DESCRIPTION_LINE = "- 名称：", "- 说明："
 WEB_DOCS = REPO / "web" / "docs"
 LANGUAGES = ("en", "zh")
 SECTIONS = {  # the hand-written sections, in order: purpose (before the tables), then wiring and mistakes
@@ -54,7 +65,42 @@ class HelpError(ValueError):
 
 
 def zh_defs() -> dict:
-    return json.loads(ZH_NODE_DEFS.read_text(encoding="utf-8"))
+    """``locales/zh/nodeDefs.json`` as made from the Chinese pages: every node, by id."""
+    return {node_id: locale_entry(NODE_DOCS[node_id]) for node_id in sorted(NODE_DOCS)}
+
+
+def locale_entry(doc: NodeDoc) -> dict:
+    """The node's entry in ``locales/zh/nodeDefs.json``, from the first section of its Chinese page."""
+    where = f"docs/node-help/zh/{doc.node_id}.md"
+    lines = [line for line in _hand_written(doc, "zh")[0].splitlines()[1:] if line.strip()]
+    entry, inputs, outputs = {}, {}, {}
+    for line in lines:
+        for key, start in (("display_name", NAME_LINE), ("description", DESCRIPTION_LINE)):
+            if line.startswith(start):
+                entry[key] = line[len(start) :].strip()
+        if line.startswith((NAME_LINE, DESCRIPTION_LINE)):
+            continue
+        match = LOCALE_LINE.match(line)
+        if match is None:
+            raise HelpError(
+                f"{where}: {line!r} is not a line of {LOCALE_HEADING} (see scripts/build_node_help.py)"
+            )
+        kind, name, label, tooltip = match.groups()
+        named = inputs if kind == "输入" else outputs
+        if name in named:
+            raise HelpError(f"{where}: {LOCALE_HEADING} names `{name}` twice")
+        named[name] = {"name": label, **({"tooltip": tooltip} if tooltip else {})}
+    if not entry.get("display_name"):
+        raise HelpError(f"{where}: {LOCALE_HEADING} needs the node's name ({NAME_LINE}...)")
+    declared = ([i.name for i in doc.inputs], [o[0] for o in doc.outputs])
+    for kind, given, names in (("inputs", inputs, declared[0]), ("outputs", outputs, declared[1])):
+        if sorted(given) != sorted(names):
+            raise HelpError(
+                f"{where}: {LOCALE_HEADING} lists the {kind} {sorted(given)}, the node has {names}"
+            )
+    entry["inputs"] = {name: inputs[name] for name in declared[0]}
+    entry["outputs"] = {str(k): outputs[name] for k, name in enumerate(declared[1])}
+    return {key: entry[key] for key in ("display_name", "description", "inputs", "outputs") if key in entry}
 
 
 def _label(doc: NodeDoc, lang: str, defs: dict, name: str) -> str:
@@ -112,12 +158,18 @@ def _tables(doc: NodeDoc, lang: str, defs: dict) -> str:
 
 
 def _sections(doc: NodeDoc, lang: str) -> list[str]:
-    """The hand-written part, split at its three headings (each present once, in order)."""
+    """The hand-written part of the page, split at its three headings."""
+    return _hand_written(doc, lang)[-3:]
+
+
+def _hand_written(doc: NodeDoc, lang: str) -> list[str]:
+    """The hand-written file split at its headings (each present once, in order): the Chinese one's
+    ``LOCALE_HEADING``, then ``SECTIONS``."""
     path = HAND_WRITTEN / lang / f"{doc.node_id}.md"
     if not path.is_file():
         raise HelpError(f"{doc.node_id}: no hand-written help page {path.relative_to(REPO)}")
     text = path.read_text(encoding="utf-8").strip()
-    heads = SECTIONS[lang]
+    heads = ((LOCALE_HEADING,) if lang == "zh" else ()) + SECTIONS[lang]
     at = [text.find(h + "\n") for h in heads]
     if text.count("\n## ") + text.startswith("## ") != len(heads) or at != sorted(at) or min(at) != 0:
         raise HelpError(f"{path.relative_to(REPO)}: needs exactly the sections {', '.join(heads)}, in order")
@@ -141,8 +193,6 @@ def page(doc: NodeDoc, lang: str, defs: dict) -> str:
     if lang == "en":
         title, description = doc.display_name, doc.description
     else:
-        if doc.node_id not in defs:
-            raise HelpError(f"{doc.node_id}: no entry in {ZH_NODE_DEFS.relative_to(REPO)}")
         title, description = defs[doc.node_id]["display_name"], defs[doc.node_id].get("description", "")
     head = f"# {title}\n\n`{doc.node_id}`" + (f" · {description}" if description else "")
     parts = [head, purpose, _tables(doc, lang, defs), wiring, mistakes]
@@ -155,6 +205,7 @@ def expected_files() -> dict[Path, str]:
     for doc in NODE_DOCS.values():
         files[WEB_DOCS / f"{doc.node_id}.md"] = page(doc, "en", defs)
         files[WEB_DOCS / doc.node_id / "zh.md"] = page(doc, "zh", defs)
+    files[ZH_NODE_DEFS] = json.dumps(defs, ensure_ascii=False, indent=2) + "\n"
     return files
 
 

@@ -1,5 +1,6 @@
-"""The node help pages (web/docs, made by scripts/build_node_help.py) and the Chinese locale (locales/zh):
-every node has both, in step with its schema."""
+"""The node help pages (web/docs) and the Chinese locale (locales/zh/nodeDefs.json), both made by
+scripts/build_node_help.py from the schemas and the hand-written pages: every node has both, in step with its
+schema."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ def test_the_committed_pages_are_the_generated_ones():
     files = help_pages.expected_files()
     assert {p.relative_to(REPO).as_posix() for p in files} == {f"web/docs/{n}.md" for n in DOCS} | {
         f"web/docs/{n}/zh.md" for n in DOCS
-    }
+    } | {"locales/zh/nodeDefs.json"}
     stale = [str(p.relative_to(REPO)) for p, text in files.items()
              if not p.exists() or p.read_text(encoding="utf-8") != text]  # fmt: skip
-    assert not stale, f"run python scripts/build_node_help.py: {stale}"
+    assert not stale, f"run python scripts/build_nodes.py: {stale}"
     generated = {p.resolve() for p in files}
     assert not [p for p in (REPO / "web" / "docs").rglob("*.md") if p.resolve() not in generated]
 
@@ -63,6 +64,27 @@ def test_the_chinese_locale_covers_every_input_and_output(node_id):
     assert sorted(entry["outputs"], key=int) == [str(i) for i in range(len(doc.outputs))]
     for i, (_, _, tooltip) in enumerate(doc.outputs):
         assert bool(entry["outputs"][str(i)].get("tooltip")) == bool(tooltip), (node_id, i)
+
+
+def test_the_chinese_words_come_from_the_page_and_follow_the_schema(monkeypatch, tmp_path):
+    # locales/zh/nodeDefs.json is made from each Chinese page's first section, keyed as the schema declares
+    doc = DOCS["Flux2KleinDecode"]
+    text = (REPO / "docs" / "node-help" / "zh" / "Flux2KleinDecode.md").read_text(encoding="utf-8")
+    assert text.startswith(help_pages.LOCALE_HEADING + "\n")
+    entry = help_pages.locale_entry(doc)
+    assert list(entry["inputs"]) == ["vae", "latent", "tile_size", "tile_overlap"]
+    assert list(entry["outputs"]) == ["0"]
+    (tmp_path / "zh").mkdir()
+    monkeypatch.setattr(help_pages, "HAND_WRITTEN", tmp_path)
+    without_latent = "\n".join(line for line in text.splitlines() if "`latent`" not in line)
+    for changed, message in (
+        (text.replace("- 输入 `tile_overlap`", "- 输入 `overlap`"), "lists the inputs"),  # not the node's
+        (without_latent, "lists the"),  # one left out
+        (text.replace("- 名称：", "- 名字："), "is not a line of"),
+    ):
+        (tmp_path / "zh" / "Flux2KleinDecode.md").write_text(changed, encoding="utf-8")
+        with pytest.raises(help_pages.HelpError, match=message):
+            help_pages.locale_entry(doc)
 
 
 def test_the_chinese_locale_names_every_category_and_no_unknown_node():

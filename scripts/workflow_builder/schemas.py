@@ -76,6 +76,7 @@ class InputDoc:
     default: object
     tooltip: str
     options: tuple = ()  # a combo's choices
+    control_after_generate: bool = False  # an INT the editor follows with a randomize / fixed value
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def doc_of(node_id: str, node_class, display_name: str) -> NodeDoc:
             choices = tuple(options.get("options", kind if isinstance(kind, (list, tuple)) else ()))
             inputs.append(InputDoc(name, "COMBO" if combo else kind, section == "optional",
                                    bool(options.get("advanced")), options.get("default"),
-                                   options.get("tooltip") or "", choices))  # fmt: skip
+                                   options.get("tooltip") or "", choices,
+                                   bool(options.get("control_after_generate"))))  # fmt: skip
     names = getattr(node_class, "RETURN_NAMES", None) or node_class.RETURN_TYPES
     tooltips = getattr(node_class, "OUTPUT_TOOLTIPS", None) or [None] * len(names)
     outputs = tuple((n, t, tip or "") for n, t, tip in zip(names, node_class.RETURN_TYPES, tooltips))

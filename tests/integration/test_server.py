@@ -1,7 +1,7 @@
 """The node pack inside a real ComfyUI server: schemas, the bundled workflows, interrupt, error reporting.
 
-The expected node contract is fixtures/node_contract.py, never read from the pack's own
-classes, so a renamed, retyped or reordered input fails here.
+The expected node contract is the committed fixtures/node_contract.json, never read from the pack's
+classes at test time, so a renamed, retyped or reordered input fails here.
 """
 
 from __future__ import annotations

@@ -136,8 +136,8 @@ def fill_sampling(pack):
 
 
 def test_the_nodes_follow_the_contract(pack):
-    # the FLUX.1 Fill nodes against tests/node_contract.py: ids, display names, categories, every input's
-    # name, type and order, the seed's control, the outputs
+    # the FLUX.1 Fill nodes against tests/fixtures/node_contract.json: ids, display names, categories, every
+    # input's name, type and order, the seed's control, the outputs
     for node_id, node in FILL_NODES.items():
         cls = pack_nodes(pack).classes[node_id]
         assert not contract_mismatches(node_id, cls, pack_nodes(pack).display_names[node_id]), node_id

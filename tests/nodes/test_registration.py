@@ -13,7 +13,7 @@ from node_contract import ADVANCED, DEV_NODES, KLEIN_NODES, advanced_inputs, con
 
 
 def test_the_nodes_follow_the_contract(pack):
-    # the FLUX.2 nodes (the FLUX.1 Fill ones in test_fill_nodes.py) against node_contract.py: ids,
+    # the FLUX.2 nodes (the FLUX.1 Fill ones in test_fill_nodes.py) against node_contract.json: ids,
     # display names, categories, every input's name, type and order, the seed's control, the outputs
     assert {i for i in pack_nodes(pack).classes if i.startswith("Flux2Klein")} == set(KLEIN_NODES)
     assert {i for i in pack_nodes(pack).classes if i.startswith("Flux2Dev")} == set(DEV_NODES)

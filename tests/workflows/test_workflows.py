@@ -1,8 +1,8 @@
 """The bundled workflows (editor and API format) and the headless client's pure parts. No ComfyUI needed.
 
-The workflows are read against the node contract (tests/node_contract.py), which the node classes are held to
-(tests/nodes/, and a real server's /object_info in the integration tests), while the
-generator reads the node classes themselves: a node that changes without its contract fails there, and a
+The workflows are read against the node contract (tests/fixtures/node_contract.json), which the node classes
+are held to (tests/nodes/, and a real server's /object_info in the integration tests), while the generator
+reads the node classes themselves: a node that changes without its contract fails there, and a
 generator that drifts from either fails here.
 """
 
