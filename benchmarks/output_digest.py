@@ -42,7 +42,6 @@ from flux2_core.flux1.fill import FillInputs
 from flux2_core.flux1.sampling import FillSettings, sample_fill
 from flux2_core.flux1.transformer import Flux1FillModel, Flux1Transformer
 
-
 DTYPE = torch.float32
 
 
@@ -83,9 +82,13 @@ def cases(heads: int, depth: int, single: int) -> dict:
         "edit strengths": SampleRequest(models["distilled"], pos, s, references=strong),
         "kv": SampleRequest(models["kv"], pos, s, references=refs),
         "kv strengths": SampleRequest(models["kv"], pos, s, references=strong),
-        "base cfg": SampleRequest(models["base"], pos, replace(s, guidance=4.0), negative=neg, references=refs),
+        "base cfg": SampleRequest(
+            models["base"], pos, replace(s, guidance=4.0), negative=neg, references=refs
+        ),
         "regions": SampleRequest(models["distilled"], pos, s, regions=regions),
-        "regions cfg": SampleRequest(models["base"], pos, replace(s, guidance=3.0), negative=neg, regions=regions),
+        "regions cfg": SampleRequest(
+            models["base"], pos, replace(s, guidance=3.0), negative=neg, regions=regions
+        ),
         "step cache": SampleRequest(models["distilled"], pos, replace(s, steps=6), step_cache=5.0),
         "img2img": SampleRequest(models["distilled"], pos, s, start=start, strength=0.6),
         "inpaint": SampleRequest(models["distilled"], pos, s, start=start, mask=inpaint),
@@ -136,7 +139,9 @@ def main() -> int:
         bad = 0
         for name, out in outs.items():
             same = torch.equal(out, before[name])
-            diff = (out - before[name]).abs().max().item() if out.shape == before[name].shape else float("nan")
+            diff = (
+                (out - before[name]).abs().max().item() if out.shape == before[name].shape else float("nan")
+            )
             print(f"{name:16s} {'identical' if same else f'DIFFERS (max abs {diff:.3g})'}")
             bad += not same
         print(f"{len(outs) - bad} identical, {bad} different")

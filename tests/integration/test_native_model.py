@@ -240,6 +240,19 @@ def test_easycache_skips_steps_on_our_model_as_on_native(comfy):
     assert np.abs(got["ours"] - got["uncached"]).mean() > 0.1  # the skipped steps changed the image
 
 
+def test_torch_compile_model_on_our_model_gives_the_uncompiled_image(comfy):
+    # native TorchCompileModel compiles the MODEL's diffusion model (our DiT inside NativeDiT) with inductor
+    g, ids = base_graph()
+    compiled = g.add("TorchCompileModel", model=[ids["native_model"], 0], backend="inductor")
+    native(g, ids, "compiled", compiled, ids["native_positive"])
+    native(g, ids, "eager", ids["native_model"], ids["native_positive"])
+    native(g, ids, "other_seed", compiled, ids["native_positive"], seed=SEED + 1)
+    got = images(comfy, g)
+    assert got["eager"].std() > 20
+    assert diff(got["compiled"], got["eager"]) <= TOLERANCE
+    assert np.abs(got["other_seed"] - got["compiled"]).mean() > 10  # the comparison can fail
+
+
 def test_lazycache_on_our_model_gives_natives_result(comfy):
     g, ids = base_graph()
     unet = g.add("UNETLoader", unet_name=DIT, weight_dtype="default")
