@@ -30,8 +30,9 @@ import torch
 from live_tensors import peak_tensor_bytes
 
 from flux2_core.configs import DEV_32B
+from flux2_core.dit.call import call_extras
 from flux2_core.dit.control import CONTROL_CHANNELS, Control, ControlConfig, Flux2ControlNet, hint_bytes
-from flux2_core.dit.rope import image_ids, text_ids
+from flux2_core.dit.rope import image_ids
 from flux2_core.dit.transformer import Flux2Transformer
 
 GIB = 2**30
@@ -123,11 +124,11 @@ def main() -> None:
     ctx = torch.randn(1, args.text_tokens, config.context_in_dim, generator=g).to(device, dtype)
     context = torch.randn(1, grid * grid, CONTROL_CHANNELS, generator=g).to(device, dtype)
     t, guidance = torch.tensor([0.5], device=device), torch.tensor([4.0], device=device)
-    x_ids, c_ids = image_ids(grid, grid), text_ids(args.text_tokens)
+    x_ids = image_ids(grid, grid)  # on the CPU, as the sampler passes them (the model adds the text's)
     steer = Control(control, context, 0.75)
     calls = {
-        "plain": lambda: net(x, x_ids, t, ctx, c_ids, guidance=guidance),
-        "controlled": lambda: net(x, x_ids, t, ctx, c_ids, guidance=guidance, control=steer),
+        "plain": lambda: net(x, x_ids, t, ctx, call_extras(guidance=guidance)),
+        "controlled": lambda: net(x, x_ids, t, ctx, call_extras(guidance=guidance, control=steer)),
     }
     with torch.inference_mode():
         median, times = klein_shapes.in_turn(calls, args.repeats, device)

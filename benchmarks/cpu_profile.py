@@ -6,14 +6,20 @@
 Each shape runs at its real widths (hidden size, heads, text width; FLUX.2 [dev] with its guidance embedder)
 with fewer blocks (``--depth`` + ``--single``: the step's share of each kind of work is the same per block),
 random weights, batch 1. Every call of the step's parts is timed by a wrapper (the CPU runs them in order, so
-wall time is theirs) and summed per kind:
+wall time is theirs) and summed per kind. The blocks' steps go through the call's ops (``block_ops.ops_for``:
+``FusedOps`` on a CPU below float32, ``CpuOps`` in float32; ``FLUX2_BLOCK_OPS`` overrides), so the wrappers
+sit on each kind of ops and time whichever the step uses (the JSON names it):
 
 - ``linear``: every linear layer's matrix product (``ops.Linear``), and separately the part of it that goes
   to laying the weights out for the CPU's matrix units on every call (the same products timed once with
-  weights laid out beforehand, ``torch.ops.mkldnn._reorder_linear_weight``, and subtracted; bf16 / fp16);
-- ``attention``: the attention kernel (which one the process chose is listed), its copies included;
-- ``qk norm + rope`` (below float32: one pass, ``layers.norm_rope``), or ``qk norm`` and ``rope`` apart
-  (float32), ``modulation`` (the layer norms with shift and scale), ``mlp activation``;
+  weights laid out beforehand, ``torch.ops.mkldnn._reorder_linear_weight``, and subtracted; bf16 / fp16, 0
+  on a CPU whose oneDNN cannot lay them out, as its products then do not);
+- ``attention``: the ops' ``attention`` (the kernel of ``attention.py`` they run: the measured choice of the
+  fused ops, which is listed, or PyTorch's SDPA), its copies included;
+- ``qk norm + rope`` (the fused ops, below float32: one pass, ``FusedOps.qk_norm_rope``), or ``qk norm``
+  and ``rope`` apart (float32: ``RMSNorm``, then the rotation in chunks of tokens, ``fused.rope_in_chunks``;
+  the plain ops: ``rope.apply_rope``), ``modulation`` (the ops' ``modulate``: the layer norms with shift and
+  scale), ``mlp activation`` (SwiGLU: the double blocks' MLPs and the single blocks' ``activate``);
 - ``rest``: everything else inside the step: the gated residuals, the casts, the concatenations and layout
   copies around attention, the embedders;
 - ``page faults``: the minor page faults the step caused (fresh memory the allocator got from the system and
@@ -41,7 +47,8 @@ from suite import machine, matmul_peak
 
 from flux2_core import ops
 from flux2_core.configs import DEV_32B, KLEIN_4B, KLEIN_9B
-from flux2_core.dit import attention, layers
+from flux2_core.dit import block_ops, fused, pointwise
+from flux2_core.dit.call import call_extras
 from flux2_core.dit.transformer import Flux2Transformer
 
 # the real widths; blocks reduced so that a bf16 copy fits a 24 GB machine
@@ -70,13 +77,22 @@ class Timers:
 
 
 def instrument(timers: Timers) -> None:
-    """Wrap the step's parts where the blocks look them up (module attributes), for this process."""
-    layers.sdpa = timers.wrap("attention", layers.sdpa)
-    layers.apply_rope_ = timers.wrap("rope", layers.apply_rope_)
-    layers.norm_rope = timers.wrap("qk norm + rope", layers.norm_rope)
-    layers.modulate = timers.wrap("modulation", layers.modulate)
-    layers.RMSNorm.forward = timers.wrap("qk norm", layers.RMSNorm.forward)
-    layers.SwiGLU.forward = timers.wrap("mlp activation", layers.SwiGLU.forward)
+    """Wrap the step's parts where the blocks reach them (the block ops' methods; module and class
+    attributes), for this process. No wrapped part calls another: no time is counted twice."""
+    for cls in (block_ops.PlainOps, block_ops.CpuOps, block_ops.FusedOps):
+        own = vars(cls)  # each class's own methods: an override never calls up to a wrapped one
+        for method, kind in (("attention", "attention"), ("modulate", "modulation")):
+            if method in own:
+                setattr(cls, method, timers.wrap(kind, own[method]))
+    fused_ops = block_ops.FusedOps
+    fused_ops.qk_norm_rope = timers.wrap("qk norm + rope", vars(fused_ops)["qk_norm_rope"])
+    # the plain and CPU ops' q/k norm + RoPE, in its two parts: the norms, then the rotation (every token at
+    # once as ``block_ops`` names ``rope.apply_rope``, or in chunks of tokens in place on a CPU)
+    pointwise.RMSNorm.forward = timers.wrap("qk norm", pointwise.RMSNorm.forward)
+    block_ops.apply_rope = timers.wrap("rope", block_ops.apply_rope)
+    fused.rope_in_chunks = timers.wrap("rope", fused.rope_in_chunks)
+    # the activation module, which the double blocks' MLPs and the single blocks' ``activate`` both call
+    pointwise.SwiGLU.forward = timers.wrap("mlp activation", pointwise.SwiGLU.forward)
     plain = ops.Linear.forward
 
     def linear(layer, x, out=None):
@@ -97,7 +113,10 @@ def relayout_seconds(calls: list[tuple[tuple[int, ...], ops.Linear]], dtype: tor
     for shape, layer in calls:
         x = torch.randn(shape, dtype=dtype)
         w = layer.weight.to(dtype)
-        packed = mkldnn._reorder_linear_weight(w, x.numel() // x.shape[-1])
+        try:
+            packed = mkldnn._reorder_linear_weight(w, x.numel() // x.shape[-1])
+        except RuntimeError:  # a CPU without oneDNN's units for this dtype (no AVX-512 BW / AVX-NE-CONVERT):
+            return 0.0  # its products do not use oneDNN's laid-out weights, so nothing is laid out per call
         plain = timed(lambda x=x, w=w: F.linear(x, w), 3, stat=min)
         laid = timed(lambda x=x, p=packed: mkldnn._linear_pointwise(x, p, None, "none", [], ""), 3, stat=min)
         total += max(plain - laid, 0.0)
@@ -116,9 +135,12 @@ def profile_case(net, case: sm.Case, dtype, timers: Timers, rounds: int) -> dict
     inp = sm.make_inputs(case, net.config.context_in_dim, "cpu", dtype, guidance=4.0 if dev else None)
     g = inp.extra.get("guidance")
     with torch.inference_mode():
+        used = block_ops.ops_for("cpu", dtype).name  # the block ops the step runs (chosen without grad)
 
         def step():
-            return net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, inp.ref, inp.ref_ids, guidance=g)
+            ref = inp.ref
+            refs = None if ref is None else (ref, inp.ref_ids)
+            return net(inp.x, inp.x_ids, inp.t, inp.ctx, call_extras(references=refs, guidance=g))
 
         step()  # warm-up: the attention kernel's choice is measured here, once per shape class
         runs = []
@@ -143,7 +165,8 @@ def profile_case(net, case: sm.Case, dtype, timers: Timers, rounds: int) -> dict
         "relayout_s": relayout,
         "page_faults": faults,
         "flops": sm.dit_flops(net.config, case),
-        "attention": {str(k): v for k, v in attention.chosen().items()},
+        "ops": used,
+        "attention": {str(k): v for k, v in block_ops.KERNELS.chosen.items()},
     }
 
 
@@ -203,7 +226,8 @@ def main() -> None:
     cases = out["cases"].values()
     spread = [statistics.pstdev(r["totals_s"]) / statistics.mean(r["totals_s"]) for r in cases]
     print(f"\nround-to-round spread of the step (stdev / mean): up to {100 * max(spread):.1f}%")
-    print("attention kernels chosen: " + ", ".join(f"{k}: {v}" for k, v in attention.chosen().items()))
+    chosen = ", ".join(f"{k}: {v}" for k, v in block_ops.KERNELS.chosen.items())
+    print("attention kernels chosen: " + (chosen or "none (PyTorch's SDPA ran)"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1, default=str)

@@ -19,6 +19,7 @@ from pathlib import Path
 import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
 import torch
 
+from flux2_core.dit.call import call_extras  # noqa: E402
 from flux2_core.dit.files import DIT_SPEC  # noqa: E402
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids  # noqa: E402
 from flux2_core.weights.checkpoint import Checkpoint  # noqa: E402
@@ -49,16 +50,19 @@ def main() -> None:
     x = torch.randn(1, grid * grid, 128, generator=g).to(device, dtype)
     ctx = torch.randn(1, 512, reference.config.joint_attention_dim, generator=g).to(device, dtype)
     t = torch.tensor([0.7], device=device)
-    x_ids, ctx_ids = image_ids(grid, grid).to(device), text_ids(512).to(device)
-    ref = ref_ids = None
+    # ids: ours takes them on the CPU (it makes the text's itself and turns them into its RoPE table, as the
+    # sampler passes them); diffusers' on the device
+    x_ids, ref, ref_ids = image_ids(grid, grid), None, None
     if args.reference:
         ref = torch.randn(1, grid * grid, 128, generator=g).to(device, dtype)
-        ref_ids = reference_ids([(grid, grid)]).to(device)
+        ref_ids = reference_ids([(grid, grid)])
     joint_x = x if ref is None else torch.cat([x, ref], 1)
-    joint_ids = x_ids if ref is None else torch.cat([x_ids, ref_ids])
+    joint_ids = (x_ids if ref is None else torch.cat([x_ids, ref_ids])).to(device)
+    ctx_ids = text_ids(512).to(device)
 
     def run_ours():
-        return ours(x, x_ids, t, ctx, ctx_ids, ref, ref_ids, guidance=guidance)
+        refs = None if ref is None else (ref, ref_ids)
+        return ours(x, x_ids, t, ctx, call_extras(references=refs, guidance=guidance))
 
     def run_theirs():
         return reference(hidden_states=joint_x, encoder_hidden_states=ctx, timestep=t, img_ids=joint_ids,

@@ -7,18 +7,22 @@
 #                                            # on the meta device (no timings): the plumbing, before a GPU
 #
 # Steps (seconds allowed on the GPU, 600 in all; a step past its limit is stopped, the others still run):
-#   plan       the suite's --gpu-real memory, added up on the meta device and checked against this card  (25)
+#   plan       the suite's --gpu-real memory, added up on the meta device and checked against this card  (20)
 #   suite      klein 4B and 9B at their real shapes, bf16: ours vs diffusers vs native (DiT cases, the
-#              step cache's skipped step, text, VAE, end to end); its JSON grows shape by shape       (200)
+#              step cache's skipped step, text, VAE, end to end); its JSON grows shape by shape       (170)
 #   suite_fp8  the same DiT cases with fp8 block weights (ours and native: scaled fp8 as fp8 files
-#              store it; diffusers: its layerwise fp8 casting), edits with 4 references             (120)
-#   formats    every checkpoint format (fp8, nvfp4, int8, GGUF) against bf16, real klein 4B widths   (50)
+#              store it; diffusers: its layerwise fp8 casting), edits with 4 references             (100)
+#   formats    every checkpoint format (fp8, nvfp4, int8, GGUF) against bf16, real klein 4B widths   (45)
 #   quant_compute  a klein 4B and 9B step (real widths, 1+4 blocks) from fp8, nvfp4, W4A8 and AWQ
 #              files: ours in format (auto), ours dequantised, native ComfyUI, bf16                   (70)
 #   control    a FLUX.2 [dev] step under the Fun ControlNet against the plain one, dev's real widths
 #              with half of every part (4 + 24 blocks, 2 control blocks), 1024²                         (30)
-#   streaming  block streaming's cost against resident weights, real klein 4B widths                  (35)
-#   interrupt  a streamed run stopped mid-step (cancel, out of memory), then a clean run             (35)
+#   ops        a DiT step with the plain block ops against the fused ones (FLUX2_BLOCK_OPS=plain /
+#              fused), klein 4B's 24 heads x 128 with 1 + 4 blocks, 1024²                              (20)
+#   compile    the same step compiled (torch.compile of the whole DiT forward) against eager; the
+#              compile time apart                                                                       (50)
+#   streaming  block streaming's cost against resident weights, real klein 4B widths                  (30)
+#   interrupt  a streamed run stopped mid-step (cancel, out of memory), then a clean run             (30)
 #   parallel   two processes, tensor and sequence parallel, against one (NCCL; needs two GPUs)       (35)
 set -uo pipefail
 
@@ -31,10 +35,12 @@ cd "$HERE"
 
 if [ "$DRY" = "--dry-run" ]; then
     DEVICE=cpu DTYPE=float32 SCALE=(--heads 2 --depth 1 --single 1) SIZE=64 TOKENS=64 LIMIT=300
+    STEP=("${SCALE[@]}" --size 64 --repeats 1)  # the ops / compile steps' DiT
     SUITE=(--gpu-real --dry-run --shapes klein-4b klein-9b --card-gb 80)
     FP8=("${SUITE[@]}" --weights fp8)
 else
     DEVICE=cuda DTYPE=bfloat16 SCALE=(--heads 24 --depth 2 --single 8) SIZE=1024 TOKENS=4096 LIMIT=
+    STEP=(--heads 24 --depth 1 --single 4 --size 1024 --repeats 5)
     SUITE=(--gpu-real --shapes klein-4b klein-9b --rounds 2 --skip load --svg "$OUT/suite_bf16.svg")
     FP8=(--gpu-real --shapes klein-4b klein-9b --rounds 2 --refs 4 --skip text vae e2e load --weights fp8)
 fi
@@ -56,7 +62,7 @@ if ! "$PYTHON" -c "import diffusers, transformers, safetensors, numpy, flux2_cor
     exit 2
 fi
 
-STEPS="plan suite suite_fp8 formats quant_compute control streaming interrupt parallel"
+STEPS="plan suite suite_fp8 formats quant_compute control ops compile streaming interrupt parallel"
 declare -A STATUS
 step() {  # step NAME SECONDS COMMAND...: run it with a time limit, keep its log, record how it ended
     local name=$1 seconds=${LIMIT:-$2}
@@ -70,10 +76,10 @@ step() {  # step NAME SECONDS COMMAND...: run it with a time limit, keep its log
     [ $rc -eq 0 ] || echo "   $name failed (exit $rc): see $OUT/$name.log"
 }
 
-step plan 25 "$PYTHON" suite.py --gpu-real --dry-run --shapes klein-4b klein-9b --json "$OUT/plan.json"
-step suite 200 "$PYTHON" suite.py "${SUITE[@]}" --json "$OUT/suite_bf16.json"
-step suite_fp8 120 "$PYTHON" suite.py "${FP8[@]}" --json "$OUT/suite_fp8.json"
-step formats 50 bash -c "set -o pipefail; '$PYTHON' formats_memory.py --device $DEVICE --dtype $DTYPE ${SCALE[*]} \
+step plan 20 "$PYTHON" suite.py --gpu-real --dry-run --shapes klein-4b klein-9b --json "$OUT/plan.json"
+step suite 170 "$PYTHON" suite.py "${SUITE[@]}" --json "$OUT/suite_bf16.json"
+step suite_fp8 100 "$PYTHON" suite.py "${FP8[@]}" --json "$OUT/suite_fp8.json"
+step formats 45 bash -c "set -o pipefail; '$PYTHON' formats_memory.py --device $DEVICE --dtype $DTYPE ${SCALE[*]} \
     --tokens $TOKENS | tail -n 1 > '$OUT/formats.json'"
 if [ "$DRY" = "--dry-run" ]; then QC=(--dry-run); else QC=(--depth 1 --single 4 --size 1024 --repeats 3); fi
 QC+=(--formats fp8 nvfp4 w4a8 awq)
@@ -81,9 +87,13 @@ step quant_compute 70 "$PYTHON" quant_compute.py "${QC[@]}" --json "$OUT/quant_c
 if [ "$DRY" = "--dry-run" ]; then CC=(--heads 2 --size 64 --text-tokens 8 --share-single --repeats 1)
 else CC=(--quarters 2 --size 1024 --repeats 3); fi
 step control 30 "$PYTHON" control_cost.py --device "$DEVICE" --dtype "$DTYPE" "${CC[@]}" --json "$OUT/control.json"
-step streaming 35 "$PYTHON" streaming_cost.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
+step ops 20 "$PYTHON" block_ops_cost.py --compare ops --device "$DEVICE" --dtype "$DTYPE" "${STEP[@]}" \
+    --json "$OUT/block_ops.json"
+step compile 50 "$PYTHON" block_ops_cost.py --compare compile --device "$DEVICE" --dtype "$DTYPE" "${STEP[@]}" \
+    --json "$OUT/compile.json"
+step streaming 30 "$PYTHON" streaming_cost.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
     --size "$SIZE" --repeats 3 --json "$OUT/streaming_cost.json"
-step interrupt 35 "$PYTHON" streaming_interrupt.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
+step interrupt 30 "$PYTHON" streaming_interrupt.py --device "$DEVICE" --dtype "$DTYPE" "${SCALE[@]}" \
     --size "$SIZE" --steps 3 --json "$OUT/streaming_interrupt.json"
 step parallel 35 "$PYTHON" nccl_check.py --device "$DEVICE" --json "$OUT/parallel.json"
 

@@ -112,7 +112,7 @@ def ours(tensors: dict, device, dtype, mode: str):
 
     checkpoint = Checkpoint(Path("bench.safetensors"), tensors)
     net = load_checkpoint(DIT_SPEC, checkpoint, dtype, device, quant_compute=mode).module
-    return lambda inp: net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids), net
+    return lambda inp: net(inp.x, inp.our_x_ids, inp.t, inp.ctx), net
 
 
 def choices(net, device) -> dict:

@@ -17,7 +17,8 @@ import klein_shapes
 import torch
 from live_tensors import peak_tensor_bytes
 
-from flux2_core.dit.rope import image_ids, text_ids
+from flux2_core.dit.call import call_extras
+from flux2_core.dit.rope import image_ids
 from flux2_core.steering.regions import Region, RegionalPrompt, regional_plan
 
 
@@ -39,11 +40,9 @@ def main() -> None:
         regions.append(Region(torch.randn(1, 512, width, generator=g), mask))
     context, mask = regional_plan(RegionalPrompt(glob, tuple(regions)), (grid, grid), dtype, device)
     t, x_ids = torch.tensor([0.5], device=device), image_ids(grid, grid)
-    calls = {
-        "plain": lambda: net(x, x_ids, t, glob.to(device, dtype), text_ids(512)),
-        "regional": lambda: net(
-            x, x_ids, t, context.to(device, dtype), text_ids(context.shape[1]), attn_mask=mask
-        ),
+    calls = {  # the text's ids are the model's own (``rope.text_ids`` of the prompt's length)
+        "plain": lambda: net(x, x_ids, t, glob.to(device, dtype)),
+        "regional": lambda: net(x, x_ids, t, context.to(device, dtype), call_extras(regions=mask)),
     }
     with torch.inference_mode():
         median, _ = klein_shapes.in_turn(calls, args.repeats, device)

@@ -24,7 +24,8 @@ import klein_shapes  # noqa: E402  (puts the repository and tests/ on the path)
 import torch
 
 from flux2_core.configs import VARIANTS  # noqa: E402
-from flux2_core.dit.rope import image_ids, text_ids  # noqa: E402
+from flux2_core.dit.call import call_extras  # noqa: E402
+from flux2_core.dit.rope import image_ids  # noqa: E402
 from flux2_core.dit.step_cache import MAX_STEP_CACHE, FirstBlockCache, StepCache  # noqa: E402
 from flux2_core.dit.transformer import Flux2Model  # noqa: E402
 from flux2_core.sampling import SampleRequest, SampleSettings, sample  # noqa: E402
@@ -44,11 +45,11 @@ def main() -> None:
     x = torch.randn(1, grid * grid, 128, device=device, dtype=dtype)
     ctx = torch.randn(1, 512, net.config.context_in_dim, device=device, dtype=dtype)
     t = torch.tensor([0.5], device=device)
-    x_ids, ctx_ids = image_ids(grid, grid), text_ids(512)
+    x_ids = image_ids(grid, grid)  # on the CPU, as the sampler passes them (the model adds the text's)
 
     def step(cache):
         with torch.inference_mode():
-            net(x, x_ids, t, ctx, ctx_ids, step_cache=cache)
+            net(x, x_ids, t, ctx, call_extras(step_cache=cache))
 
     full = klein_shapes.timed(lambda: step(None), args.repeats, device)
     skipping = FirstBlockCache(MAX_STEP_CACHE)  # every step after the first it sees is skipped here

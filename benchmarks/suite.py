@@ -56,7 +56,8 @@ from suite_memory import GIB, HEADROOM, Ledger, card_bytes, held_bytes, step_all
 from suite_plot import line_plot
 
 from flux2_core.configs import Flux2Config
-from flux2_core.dit import attention
+from flux2_core.dit import block_ops
+from flux2_core.dit.call import call_extras
 from flux2_core.dit.step_cache import MAX_STEP_CACHE, FirstBlockCache
 from flux2_core.flux1.config import Flux1Config
 
@@ -807,7 +808,7 @@ def control_section(args, config, impls: dict, ledger, device, dtype, timer, nat
 
 def _controlled(net, inp, steer):
     g = inp.extra["guidance"]
-    return lambda: net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, guidance=g, control=steer)
+    return lambda: net(inp.x, inp.our_x_ids, inp.t, inp.ctx, call_extras(guidance=g, control=steer))
 
 
 def vae_section(args, vae_sd, vae_config, device, timer, with_native: bool) -> dict:
@@ -863,7 +864,7 @@ def main() -> None:
         release(device)
         save(args.json, report)  # after every shape: a run stopped by a time limit keeps what it finished
     report["total_s"] = time.perf_counter() - start
-    report["our_attention"] = {str(k): v for k, v in attention.chosen().items()}  # measured choices
+    report["our_attention"] = {str(k): v for k, v in block_ops.KERNELS.chosen.items()}  # measured choices
     for label, shape in report["shapes"].items():
         sections = {
             **shape.get("dit", {}),

@@ -10,11 +10,13 @@ T5 text (4096 wide), CLIP's pooled vector (768) and the embedded guidance (30, F
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 from suite_models import Case, random_fill_
 
+from flux2_core.dit.call import call_extras
 from flux2_core.flux1.config import FILL_CHANNELS, Flux1Config
 from flux2_core.flux1.transformer import image_ids, text_ids
 
@@ -28,9 +30,13 @@ class FillInputs:
     y: torch.Tensor  # [1, 768]
     t: torch.Tensor
     guidance: torch.Tensor
-    x_ids: torch.Tensor
-    ctx_ids: torch.Tensor
+    x_ids: torch.Tensor  # on the device (diffusers); ours takes them on the CPU (``our_x_ids``)
+    ctx_ids: torch.Tensor  # diffusers' txt_ids (ours makes its text ids itself)
     grid: int
+
+    @cached_property
+    def our_x_ids(self) -> torch.Tensor:
+        return self.x_ids.cpu()
 
 
 def fill_cases(sizes: list[int]) -> list[Case]:
@@ -87,10 +93,13 @@ class FillOurs:
         self.net = load_checkpoint(FILL_SPEC, Checkpoint(Path("fill.safetensors"), bfl), dtype, device).module
 
     def step(self, case: Case, inp: FillInputs, step_cache=None):
-        net = self.net
-        return lambda: net(
-            inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, inp.y, guidance=inp.guidance, step_cache=step_cache
-        )
+        net, x_ids = self.net, inp.our_x_ids
+
+        def run():
+            extras = call_extras(pooled=inp.y, guidance=inp.guidance, step_cache=step_cache)
+            return net(inp.x, x_ids, inp.t, inp.ctx, extras)
+
+        return run
 
 
 class FillDiffusers:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import klein_shapes  # noqa: F401  (puts the repository and tests/ on the path)
@@ -19,6 +20,7 @@ import live_tensors
 import torch
 
 from flux2_core.configs import DEV_32B, KLEIN_4B, KLEIN_9B, VARIANTS, Flux2Config
+from flux2_core.dit.call import call_extras
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.flux1.config import FILL_DEV
 
@@ -86,7 +88,7 @@ class Inputs:
     refs: list[torch.Tensor]  # [1, R_k, 128] each
     t: torch.Tensor
     x_ids: torch.Tensor
-    ctx_ids: torch.Tensor
+    ctx_ids: torch.Tensor  # diffusers' txt_ids (ours makes its text ids itself)
     ref_ids: torch.Tensor | None
     grid: int
     ref_grid: int
@@ -95,6 +97,16 @@ class Inputs:
     @property
     def ref(self) -> torch.Tensor | None:
         return torch.cat(self.refs, 1) if self.refs else None
+
+    @cached_property
+    def our_x_ids(self) -> torch.Tensor:
+        """The image ids as our DiT takes them: on the CPU (it turns them into its RoPE table, after the
+        text's own ids), as the sampler passes them; ``x_ids`` stay on the device for diffusers."""
+        return self.x_ids.cpu()
+
+    @cached_property
+    def our_ref_ids(self) -> torch.Tensor | None:
+        return None if self.ref_ids is None else self.ref_ids.cpu()
 
 
 def make_inputs(case: Case, ctx_dim: int, device, dtype, seed: int = 0, guidance: float | None = None):
@@ -284,22 +296,29 @@ class Ours:
         self.model = Flux2Model(self.net, VARIANTS[variant], "bench")
 
     def step(self, case: Case, inp: Inputs, step_cache=None):
-        net = self.net
+        """One step of ours: its ``CallExtras`` built in the call, as the sampler builds each step's."""
+        net, x_ids = self.net, inp.our_x_ids
         if case.kv:
-            cache = net.encode_reference_kv(inp.ref, inp.ref_ids)
-            return lambda: net.forward_kv_cached(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, cache)
+            cache = net.encode_reference_kv(inp.ref, inp.our_ref_ids)
+            return lambda: net(inp.x, x_ids, inp.t, inp.ctx, call_extras(kv_cache=cache))
         g = inp.extra.get("guidance")
-        return lambda: net(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, inp.ref, inp.ref_ids, guidance=g,
-                           step_cache=step_cache)  # fmt: skip
+
+        def run():
+            ref = inp.ref  # the references joined, in the call as before
+            refs = None if ref is None else (ref, inp.our_ref_ids)
+            extras = call_extras(references=refs, guidance=g, step_cache=step_cache)
+            return net(inp.x, x_ids, inp.t, inp.ctx, extras)
+
+        return run
 
     def extract(self, case: Case, inp: Inputs):
         """The KV model's first step: the references' K/V computed (from the references alone), then the
         step against them."""
-        net = self.net
+        net, x_ids = self.net, inp.our_x_ids
 
         def run():
-            cache = net.encode_reference_kv(inp.ref, inp.ref_ids)
-            return net.forward_kv_cached(inp.x, inp.x_ids, inp.t, inp.ctx, inp.ctx_ids, cache)
+            cache = net.encode_reference_kv(inp.ref, inp.our_ref_ids)
+            return net(inp.x, x_ids, inp.t, inp.ctx, call_extras(kv_cache=cache))
 
         return run
 

@@ -4,7 +4,7 @@ choice of kernel.
 Kernels (``KERNELS``), each ``(q, k, v, bias=None) -> out``:
 
 - ``sdpa``: PyTorch's ``scaled_dot_product_attention`` (flash / memory-efficient kernels on a GPU, its own
-  fused kernel on a CPU). Every device runs it unless the CPU's ops choose otherwise (``cpu_ops``);
+  fused kernel on a CPU). Every device runs it unless the CPU's ops choose otherwise (``block_ops``);
 - ``tiled`` (and ``tiled-small``): scores, softmax and the sum over values as matrix products on tiles of
   heads and query rows whose scores fit the CPU's caches (``TILE_SCORE_BYTES``, ``SMALL_TILE_SCORE_BYTES``),
   so the scores never travel to memory and back;
@@ -246,12 +246,19 @@ class KernelChoice:
         best: dict[str, float] = {}
         outs: dict[str, torch.Tensor] = {}
         for name in (*self.candidates, *self.candidates):
+            _synchronize(q.device)
             start = self.clock()
             outs[name] = KERNELS[name](*part)
+            _synchronize(q.device)  # a GPU's kernels run after their launch returns
             best[name] = min(best.get(name, float("inf")), self.clock() - start)
         name = min(best, key=best.get)
         out = outs[name] if q.shape[1] <= MEASURED_HEADS else KERNELS[name](q, k, v, bias)
         return name, out, best
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def attend(

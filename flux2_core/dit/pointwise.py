@@ -1,6 +1,7 @@
 """The DiT's elementwise steps in their reference form: layer and RMS norms, modulation, the gated residual,
 the MLP activations. These are the formulas of BFL's ``model.py`` and diffusers' ``transformer_flux2.py``,
-op for op; a CPU computing below float32 runs fused forms of some of them (``cpu_ops``)."""
+op for op; a CPU computing below float32 runs fused forms of some of them (``fused``, through
+``block_ops.FusedOps``)."""
 
 from __future__ import annotations
 

@@ -115,9 +115,10 @@ class Flux2Transformer(DiT):
         if extras.references is not None:
             ref, ref_ids = extras.references
             x = torch.cat([x, ref.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1)
-            x_ids = torch.cat([x_ids, ref_ids])
+            x_ids = torch.cat([x_ids, ref_ids.to(x_ids.device)])
         vec = self._vec(t, extras.guidance, x.dtype)
-        out = self._blocks(x, ctx, torch.cat([text_ids(ctx.shape[1]), x_ids]), vec, extras)
+        ids = torch.cat([text_ids(ctx.shape[1]).to(x_ids.device), x_ids])
+        out = self._blocks(x, ctx, ids, vec, extras)
         return self.final_layer(out[:, :num_img], vec, ops_for(out.device, out.dtype))
 
     @torch.inference_mode()

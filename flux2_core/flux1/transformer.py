@@ -89,7 +89,7 @@ class Flux1Transformer(DiT):
             # 1000 * g is formed in the compute dtype, as BFL and diffusers do (g = 30: 29952 in bfloat16)
             scaled = guidance.to(x.device, dtype) * 1000
             vec = vec + self.guidance_in(timestep_embedding(scaled, factor=1.0).to(dtype))
-        ids = torch.cat([text_ids(ctx.shape[1]), x_ids])
+        ids = torch.cat([text_ids(ctx.shape[1]).to(x_ids.device), x_ids])
         call = self.block_call(x, ids, ctx.shape[1])
         img, txt = self.img_in(x), self.txt_in(ctx.to(dtype))
         for i, block in enumerate(self.double_blocks):
