@@ -9,8 +9,9 @@ from tiny_dit import make_diffusers_dit, write_bfl_file, write_diffusers_folder
 from tiny_text import make_tiny_qwen3, model_tensors
 
 from flux2_core import ops, sampling
+from flux2_core.dit.call import CallExtras
 from flux2_core.dit.files import load_transformer
-from flux2_core.dit.rope import image_ids, text_ids
+from flux2_core.dit.rope import image_ids
 from flux2_core.errors import Flux2Error
 from flux2_core.flow import euler, make_noise, pack, start_from, truncate, unpack
 from flux2_core.sampling import SampleRequest, SampleSettings, get_sigmas, sample
@@ -44,7 +45,7 @@ def inputs():
 
 def _forward(net, inputs):
     with torch.no_grad():
-        return net(inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"], text_ids(T))
+        return net(inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"])
 
 
 class CountingSource:
@@ -154,7 +155,7 @@ def test_start_latent_with_the_full_schedule_is_todays_sampler(files, monkeypatc
     x = (1 - s) * pack(start) + s * pack(make_noise(1, 64, 64, seed=4))
     with torch.no_grad():  # the two remaining Euler steps by hand
         for i in (1, 2):
-            v = model.transformer(x, image_ids(4, 4), torch.full((1,), full[i]), ctx, text_ids(T))
+            v = model.transformer(x, image_ids(4, 4), torch.full((1,), full[i]), ctx)
             x = x + (full[i + 1] - full[i]) * v
     assert torch.equal(half, unpack(x, 4, 4))
 
@@ -196,7 +197,7 @@ def test_embedded_guidance_reaches_the_model(tmp_path):
     with torch.no_grad():
         for i in range(2):
             t = torch.full((1,), sigmas[i])
-            v = model.transformer(x, image_ids(4, 4), t, ctx, text_ids(T), guidance=torch.full((1,), 3.5))
+            v = model.transformer(x, image_ids(4, 4), t, ctx, CallExtras(guidance=torch.full((1,), 3.5)))
             x = x + (sigmas[i + 1] - sigmas[i]) * v
     assert torch.equal(got, unpack(x, 4, 4))
     assert not torch.equal(sample(SampleRequest(model, ctx, SampleSettings(64, 64, 2, 1.5, seed=5))), got)
@@ -210,7 +211,7 @@ def test_guidance_kind_must_fit_the_weights(tmp_path, files):
         load_transformer(files["bfl"], variant="dev")
     net = load_transformer(dev).transformer
     with pytest.raises(Flux2Error, match="give a guidance value"):
-        net(torch.zeros(1, 4, 128), image_ids(2, 2), torch.tensor([0.5]), torch.zeros(1, T, 24), text_ids(T))
+        net(torch.zeros(1, 4, 128), image_ids(2, 2), torch.tensor([0.5]), torch.zeros(1, T, 24))
 
 
 def test_loading_reads_one_tensor_at_a_time(files, monkeypatch):

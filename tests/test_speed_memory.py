@@ -111,10 +111,10 @@ def test_compiled_blocks_compute_what_eager_blocks_do(tmp_path):
     net = model.transformer
     g = torch.Generator().manual_seed(0)
     x, ctx = torch.randn(1, 16, 128, generator=g), torch.randn(1, 8, 24, generator=g)
-    ids, ctx_ids = torch.zeros(16, 4), torch.zeros(8, 4)
+    ids = torch.zeros(16, 4)
     ids[:, 2] = torch.arange(16)
     with torch.no_grad():
-        eager = net(x, ids, torch.tensor([0.5]), ctx, ctx_ids)
+        eager = net(x, ids, torch.tensor([0.5]), ctx)
         compile_blocks(net)
-        compiled = net(x, ids, torch.tensor([0.5]), ctx, ctx_ids)
+        compiled = net(x, ids, torch.tensor([0.5]), ctx)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)

@@ -63,6 +63,17 @@ class CallExtras:
 NO_EXTRAS = CallExtras()
 
 
+def check_extras(extras) -> None:
+    """A DiT call's fifth argument is its ``CallExtras`` (the text ids are no longer passed: the model makes
+    them)."""
+    if not isinstance(extras, CallExtras):
+        raise TypeError(
+            "a DiT call takes (x, x_ids, t, ctx, extras) with extras a CallExtras (dit.call.call_extras), "
+            f"not {type(extras).__name__}: the model makes the text ids; references and guidance go in the "
+            "extras"
+        )
+
+
 def call_extras(
     *,
     references: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -79,9 +90,11 @@ def call_extras(
 ) -> CallExtras:
     """The record of one call at noise level ``sigma`` on a latent ``grid`` (rows, columns): the position
     extrapolation resolved for that call, the references' tokens left out where their K/V are cached or
-    they are none, a control at strength 0 left out (the plain call)."""
+    they are none (and their bias where both are), a control at strength 0 left out (the plain call)."""
     if kv_cache is not None or (references is not None and references[0].shape[1] == 0):
         references = None
+    if references is None and kv_cache is None:
+        reference_bias = None  # a bias on reference keys that are not there
     if control is not None and not control.strength:
         control = None
     positions = None

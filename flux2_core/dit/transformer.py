@@ -31,7 +31,7 @@ from ..hooks import weight_mover
 from ..ops import Linear
 from .attention import GroupedMask, attention_bias
 from .block_ops import ops_for
-from .call import NO_EXTRAS, REGIONS_AND_REFERENCES, CallExtras  # noqa: F401  (the refusal, importable here)
+from .call import NO_EXTRAS, REGIONS_AND_REFERENCES, CallExtras, check_extras  # noqa: F401  (importable here)
 from .comm import LOCAL
 from .kv_cache import RefKVCache
 from .layers import (
@@ -109,6 +109,7 @@ class Flux2Transformer(DiT):
 
     def forward(self, x, x_ids, t, ctx, extras: CallExtras = NO_EXTRAS):
         """The velocity of the noisy tokens ``x`` (see the module docstring)."""
+        check_extras(extras)
         num_img = x.shape[1]
         if extras.kv_cache is not None and not extras.kv_cache.filled:
             extras.kv_cache.double[0].get(x.shape[0])  # raises the clear "cache is empty" error
@@ -196,7 +197,7 @@ class Flux2Transformer(DiT):
         tokens, or, for the KV model's cache, spliced in after the text); additive in ``like``'s dtype, on its
         device."""
         values = extras.regions
-        refs = extras.reference_bias
+        refs = extras.reference_bias if extras.references is not None or extras.kv_cache is not None else None
         if refs is not None and extras.kv_cache is not None:
             zeros = refs.new_zeros
             values = torch.cat([zeros(num_txt), refs, zeros(tokens - num_txt)])

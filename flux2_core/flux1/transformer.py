@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..dit import rope
-from ..dit.call import NO_EXTRAS, CallExtras
+from ..dit.call import NO_EXTRAS, CallExtras, check_extras
 from ..dit.layers import (
     BlockCall,
     DoubleStreamBlock,
@@ -79,6 +79,7 @@ class Flux1Transformer(DiT):
         self.final_layer = LastLayer(hidden, config.out_channels, bias=True)
 
     def forward(self, x, x_ids, t, ctx, extras: CallExtras = NO_EXTRAS):
+        check_extras(extras)
         dtype, guidance, step_cache = x.dtype, extras.guidance, extras.step_cache
         if extras.pooled is None:
             raise Flux2Error("FLUX.1 models take CLIP's pooled vector: give it (extras.pooled, [B, 768])")

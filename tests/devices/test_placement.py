@@ -10,7 +10,8 @@ from tiny_dit import make_diffusers_dit, write_bfl_file
 from flux2_core import hooks, load_transformer
 from flux2_core.devices import placement as placement_module
 from flux2_core.devices.placement import parse_devices, place_blocks, plan_split, remove_placement
-from flux2_core.dit.rope import image_ids, reference_ids, text_ids
+from flux2_core.dit.call import CallExtras
+from flux2_core.dit.rope import image_ids, reference_ids
 from flux2_core.errors import Flux2Error
 from flux2_core.flux1 import Flux1Transformer
 from flux2_core.flux1.config import Flux1Config
@@ -27,18 +28,15 @@ def test_plan_split_follows_the_shares_and_keeps_runs_contiguous():
         plan_split([10], [0, 0])
 
 
-def _inputs(config, batch=2):
+def _inputs(config, batch=2, guidance=None, device="cpu"):
+    """The DiT call's arguments: the tensors on ``device``, the ids on the CPU."""
     torch.manual_seed(0)
     x_ids, ref_ids = image_ids(4, 6), reference_ids([(4, 4)])
-    return dict(
-        x=torch.randn(batch, 24, config.in_channels),
-        x_ids=x_ids,
-        t=torch.tensor([0.7] * batch),
-        ctx=torch.randn(batch, 7, config.context_in_dim),
-        ctx_ids=text_ids(7),
-        ref=torch.randn(1, 16, config.in_channels),
-        ref_ids=ref_ids,
-    )
+    x = torch.randn(batch, 24, config.in_channels).to(device)
+    t = torch.tensor([0.7] * batch).to(device)
+    ctx = torch.randn(batch, 7, config.context_in_dim).to(device)
+    ref = torch.randn(1, 16, config.in_channels).to(device)
+    return x, x_ids, t, ctx, CallExtras(references=(ref, ref_ids), guidance=guidance)
 
 
 def test_split_klein_is_bit_identical_and_moves_every_block_input(tmp_path, monkeypatch):
@@ -46,7 +44,7 @@ def test_split_klein_is_bit_identical_and_moves_every_block_input(tmp_path, monk
     net = model.transformer
     args = _inputs(net.config)
     with torch.no_grad():
-        whole = net(**args)
+        whole = net(*args)
     moves = []
     device_of = placement_module._device_of
 
@@ -62,7 +60,7 @@ def test_split_klein_is_bit_identical_and_moves_every_block_input(tmp_path, monk
     assert set(placement.block_device) == {0, 1} and placement.block_device == sorted(placement.block_device)
     monkeypatch.setattr(placement_module, "_device_of", counting_device_of)
     with torch.no_grad():
-        split = net(**args)
+        split = net(*args)
     monkeypatch.undo()
     assert torch.equal(split, whole)
     assert moves == [torch.device("cpu")] * (blocks + 1)  # each block's inputs, then the final layer's
@@ -80,10 +78,9 @@ def test_split_fill_model_is_bit_identical():
     for p in net.parameters():
         torch.nn.init.normal_(p, 0, 0.05)
     from flux2_core.flux1.transformer import image_ids as fill_ids
-    from flux2_core.flux1.transformer import text_ids as fill_text_ids
 
     args = (torch.randn(1, 12, 384), fill_ids(3, 4), torch.tensor([0.5]), torch.randn(1, 5, 32),
-            fill_text_ids(5), torch.randn(1, 16), torch.tensor([30.0]))  # fmt: skip
+            CallExtras(pooled=torch.randn(1, 16), guidance=torch.tensor([30.0])))  # fmt: skip
     with torch.no_grad():
         whole = net(*args)
         place_blocks(net, ["cpu", "cpu", "cpu"])
@@ -110,14 +107,14 @@ def test_split_dev_with_a_lora_is_bit_identical(tmp_path):
     assert "diffusion_model.guidance_in.in_layer.lora_A.weight" in tensors
     save_file(tensors, str(tmp_path / "dev-lora.safetensors"))
     lora = prepare_lora(read_lora(tmp_path / "dev-lora.safetensors"), net, strength=0.8)
-    args = {**_inputs(net.config), "guidance": torch.tensor([3.5, 3.5])}
+    args = _inputs(net.config, guidance=torch.tensor([3.5, 3.5]))
     with torch.no_grad():
-        plain = net(**args)
+        plain = net(*args)
         with applied(net, None, [lora]):
-            whole = net(**args)
+            whole = net(*args)
         placement = place_blocks(net, ["cpu", "cpu"])
         with applied(net, None, [lora]):
-            split = net(**args)
+            split = net(*args)
     assert set(placement.block_device) == {0, 1}
     assert torch.equal(split, whole)
     assert (whole - plain).abs().max() > 1e-2, "the LoRA barely changes the output"
@@ -135,14 +132,11 @@ def test_device_list_is_checked():
 def test_split_across_two_gpus_matches_one(tmp_path):
     model = load_transformer(write_bfl_file(make_diffusers_dit(seed=3), tmp_path / "klein.safetensors"))
     net = model.transformer.to("cuda:0")
-    args = {
-        k: v.to("cuda:0") if k not in ("x_ids", "ctx_ids", "ref_ids") else v
-        for k, v in _inputs(net.config).items()
-    }
+    args = _inputs(net.config, device="cuda:0")
     with torch.no_grad():
-        whole = net(**args)
+        whole = net(*args)
         placement = place_blocks(net, ["cuda:0", "cuda:1"])
-        split = net(**args)
+        split = net(*args)
     assert placement.bytes_per_device[1] > 0
     torch.testing.assert_close(split, whole, rtol=0, atol=1e-5)
 

@@ -13,7 +13,8 @@ from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 
 from flux2_core import OutOfMemory, ReferenceLatents, SampleRequest, SampleSettings, load_transformer, sample
 from flux2_core.devices.streaming import StreamedWeight, disable_streaming, enable_streaming, streamer_of
-from flux2_core.dit.rope import image_ids, reference_ids, text_ids
+from flux2_core.dit.call import CallExtras
+from flux2_core.dit.rope import image_ids, reference_ids
 from flux2_core.lora import DIT, Lora
 from flux2_core.ops import PLAIN, LowRankPatch, linears
 from flux2_core.weights.quant_source import QuantWeight
@@ -64,15 +65,13 @@ def inputs():
 def forward(net, inputs):
     guidance = torch.tensor([3.5, 3.5]) if getattr(net, "guidance_in", None) is not None else None  # dev
     with torch.inference_mode():
-        return net(inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"], text_ids(T), guidance=guidance)
+        return net(inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"], CallExtras(guidance=guidance))
 
 
 def kv_path(net, inputs):
     with torch.inference_mode():
         cache = net.encode_reference_kv(inputs["ref"], reference_ids([(2, 3)]))
-        return net.forward_kv_cached(
-            inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"], text_ids(T), cache
-        )
+        return net(inputs["x"], image_ids(H, W), inputs["t"], inputs["ctx"], CallExtras(kv_cache=cache))
 
 
 def module_bytes(net) -> int:

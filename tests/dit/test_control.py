@@ -18,6 +18,7 @@ from tiny_dit import make_diffusers_dit
 from videox_reference import reference_module, reference_pipeline
 
 from flux2_core import Flux2Error, load_transformer
+from flux2_core.dit.call import CallExtras
 from flux2_core.dit.control import CONTROL_CHANNELS, CONTROL_SPEC, Control, check_pairing, load_controlnet
 from flux2_core.dit.files import DIT_SPEC
 from flux2_core.steering.control_image import control_context
@@ -88,6 +89,11 @@ def _inputs(refs: int = 0, seed: int = 1):
     return x, ids, ctx, txt_ids, context, ref, ref_ids
 
 
+def _extras(ref, ref_ids, **kw) -> CallExtras:
+    """The DiT call's extras with the references (none when ``ref`` is None)."""
+    return CallExtras(references=None if ref is None else (ref, ref_ids), **kw)
+
+
 @pytest.mark.parametrize("refs", [0, 1])
 @pytest.mark.parametrize("strength", [0.75, 1.0])
 def test_ours_equals_the_reference_model(reference, files, refs, strength):
@@ -110,13 +116,13 @@ def test_ours_equals_the_reference_model(reference, files, refs, strength):
     check_pairing(control, model.transformer)
     net = model.transformer
     ours = net(
-        x, ids, t, ctx, txt_ids, ref, ref_ids, guidance=guidance, control=Control(control, context, strength)
+        x, ids, t, ctx, _extras(ref, ref_ids, guidance=guidance, control=Control(control, context, strength))
     )
-    plain = net(x, ids, t, ctx, txt_ids, ref, ref_ids, guidance=guidance)
+    plain = net(x, ids, t, ctx, _extras(ref, ref_ids, guidance=guidance))
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
     assert (ours - plain).abs().max() > 1e-2, "the hints barely change the output: the check could not fail"
     off = net(
-        x, ids, t, ctx, txt_ids, ref, ref_ids, guidance=guidance, control=Control(control, context, 0.0)
+        x, ids, t, ctx, _extras(ref, ref_ids, guidance=guidance, control=Control(control, context, 0.0))
     )
     assert torch.equal(off, plain)
 
@@ -137,9 +143,9 @@ def test_hints_equal_the_reference_control_branch(reference, files):
     net = load_transformer(files / "flux2-dev.safetensors", variant="dev").transformer
     control = load_controlnet(files / CONTROL_FILE)
     vec = net._vec(t, guidance, x.dtype)
-    img_mod, txt_mod, _ = net._mods(vec)
-    pe = net._rope(torch.cat([txt_ids, ids]), x.device)
-    ours = control.hints(context, net.img_in(x), net.txt_in(ctx), img_mod, txt_mod, pe)
+    img_mod, txt_mod = net.double_stream_modulation_img(vec), net.double_stream_modulation_txt(vec)
+    call = net.block_call(x, torch.cat([txt_ids, ids]), ctx.shape[1])
+    ours = control.hints(context, net.img_in(x), net.txt_in(ctx), img_mod, txt_mod, call)
     assert len(ours) == len(captured[0]) == 2
     for mine, theirs in zip(ours, captured[0]):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
@@ -153,13 +159,13 @@ def test_strength_zero_is_the_plain_output_and_hints_change_it(own_files):
     control = load_controlnet(own_files / CONTROL_FILE)
     assert control.layers == (0, 2) and control.config.num_heads == 2
     t, g = torch.tensor([0.5]), torch.tensor([4.0])
-    plain = net(x, ids, t, ctx, txt_ids, ref, ref_ids, guidance=g)
-    off = net(x, ids, t, ctx, txt_ids, ref, ref_ids, guidance=g, control=Control(control, context, 0.0))
+    plain = net(x, ids, t, ctx, _extras(ref, ref_ids, guidance=g))
+    off = net(x, ids, t, ctx, _extras(ref, ref_ids, guidance=g, control=Control(control, context, 0.0)))
     assert torch.equal(off, plain)
     changes = []
     for strength in (1e-3, 2e-3):
         steered = net(
-            x, ids, t, ctx, txt_ids, ref, ref_ids, guidance=g, control=Control(control, context, strength)
+            x, ids, t, ctx, _extras(ref, ref_ids, guidance=g, control=Control(control, context, strength))
         )
         changes.append((steered - plain).norm().item())
     assert changes[0] > 0 and 1.8 < changes[1] / changes[0] < 2.2, changes

@@ -27,6 +27,7 @@ from tiny_mistral import (
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
+from flux2_core.dit.call import CallExtras
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.references import encode_references
@@ -117,7 +118,7 @@ class TestDevLoader(LoaderContract):
 
     def run(self, model, inputs):
         x, ref, ctx, t, guidance = inputs
-        return model.transformer(x, X_IDS, t, ctx, text_ids(9), ref=ref, ref_ids=REF_IDS, guidance=guidance)
+        return model.transformer(x, X_IDS, t, ctx, CallExtras(references=(ref, REF_IDS), guidance=guidance))
 
     def run_reference(self, reference, inputs):
         x, ref, ctx, t, guidance = inputs
@@ -139,8 +140,10 @@ class TestDevLoader(LoaderContract):
 def test_the_guidance_value_reaches_the_output(model):
     x, ref, ctx, t, guidance = _dev_inputs()
     with torch.no_grad():
-        got = model.transformer(x, X_IDS, t, ctx, text_ids(9), ref, REF_IDS, guidance)
-        no_guidance_change = model.transformer(x, X_IDS, t, ctx, text_ids(9), ref, REF_IDS, guidance * 0 + 1)
+        got = model.transformer(x, X_IDS, t, ctx, CallExtras(references=(ref, REF_IDS), guidance=guidance))
+        no_guidance_change = model.transformer(
+            x, X_IDS, t, ctx, CallExtras(references=(ref, REF_IDS), guidance=guidance * 0 + 1)
+        )
     assert not torch.allclose(got, no_guidance_change, atol=1e-3)
 
 
@@ -210,7 +213,7 @@ def test_guidance_is_embedded_as_1000_g_formed_in_the_compute_dtype(weights, gui
     x = torch.zeros(1, 4, net.config.in_channels, dtype=torch.bfloat16)
     ctx = torch.zeros(1, 3, net.config.context_in_dim, dtype=torch.bfloat16)
     with torch.no_grad():
-        net(x, image_ids(2, 2), torch.tensor([0.5]), ctx, text_ids(3), guidance=torch.tensor([guidance]))
+        net(x, image_ids(2, 2), torch.tensor([0.5]), ctx, CallExtras(guidance=torch.tensor([guidance])))
     handle.remove()
     expected = timestep_embedding(torch.tensor([embedded]), factor=1.0).to(torch.bfloat16)
     assert torch.equal(seen[0], expected)

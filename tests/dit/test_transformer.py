@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file, write_diffusers_folder
 
 from flux2_core.configs import DEV_32B, KLEIN_4B, KLEIN_9B
+from flux2_core.dit.call import CallExtras
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.rope import image_ids, reference_ids, text_ids
 from flux2_core.dit.transformer import Flux2Transformer
@@ -69,7 +70,7 @@ def test_references_of_different_sizes_match_diffusers(reference, loaded, inputs
     ]
     with torch.no_grad():
         got = loaded["bfl"].transformer(
-            inputs["x"], x_ids, inputs["t"], inputs["ctx"], text_ids(T), ref=inputs["ref"], ref_ids=ref_ids
+            inputs["x"], x_ids, inputs["t"], inputs["ctx"], CallExtras(references=(inputs["ref"], ref_ids))
         )
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
@@ -100,7 +101,7 @@ def test_reference_kv_and_cached_steps_match_diffusers_kv_mode(loaded, inputs):
     )
     with torch.no_grad():
         cache = net.encode_reference_kv(inputs["ref"], ref_ids)
-        got = net.forward_kv_cached(inputs["x"], x_ids, inputs["t"], inputs["ctx"], text_ids(T), cache)
+        got = net(inputs["x"], x_ids, inputs["t"], inputs["ctx"], CallExtras(kv_cache=cache))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     assert cache.filled and cache.num_tokens == R
     theirs = [kv.get_double(i) for i in range(2)] + [kv.get_single(i) for i in range(2)]
@@ -112,13 +113,13 @@ def test_reference_kv_and_cached_steps_match_diffusers_kv_mode(loaded, inputs):
         reference, inputs["x"], inputs["ctx"], t2, x_ids, kv_cache_mode="cached", kv_cache=kv
     )[0]
     with torch.no_grad():
-        got = net.forward_kv_cached(inputs["x"], x_ids, t2, inputs["ctx"], text_ids(T), cache)
+        got = net(inputs["x"], x_ids, t2, inputs["ctx"], CallExtras(kv_cache=cache))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 def test_one_reference_cache_serves_any_prompt(loaded, inputs):
     net = loaded["bfl"].transformer
-    x_ids, ref_ids, ctx_ids = image_ids(H, W), reference_ids([(2, 3), (4, 2)]), text_ids(T)
+    x_ids, ref_ids = image_ids(H, W), reference_ids([(2, 3), (4, 2)])
     reference = _kv_reference(make_diffusers_dit(seed=1))
     with torch.no_grad():
         cache = net.encode_reference_kv(inputs["ref"], ref_ids)
@@ -132,17 +133,17 @@ def test_one_reference_cache_serves_any_prompt(loaded, inputs):
                 kv_cache_mode="extract",
                 num_ref_tokens=ref_ids.shape[0],
             )[0]
-            got = net.forward_kv_cached(inputs["x"], x_ids, inputs["t"], ctx, ctx_ids, cache)
+            got = net(inputs["x"], x_ids, inputs["t"], ctx, CallExtras(kv_cache=cache))
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 def test_empty_reference_cache_is_the_plain_forward(loaded, inputs):
     net = loaded["bfl"].transformer
-    x_ids, ctx_ids = image_ids(H, W), text_ids(T)
+    x_ids = image_ids(H, W)
     with torch.no_grad():
-        plain = net(inputs["x"], x_ids, inputs["t"], inputs["ctx"], ctx_ids)
+        plain = net(inputs["x"], x_ids, inputs["t"], inputs["ctx"])
         cache = net.encode_reference_kv(inputs["ref"][:1, :0], reference_ids([]))
-        cached = net.forward_kv_cached(inputs["x"], x_ids, inputs["t"], inputs["ctx"], ctx_ids, cache)
+        cached = net(inputs["x"], x_ids, inputs["t"], inputs["ctx"], CallExtras(kv_cache=cache))
     assert cache.num_tokens == 0
     torch.testing.assert_close(cached, plain, atol=1e-6, rtol=0)
 
@@ -152,13 +153,12 @@ def test_kv_cache_read_before_filled_is_a_clear_error(loaded, inputs):
 
     net = loaded["bfl"].transformer
     with pytest.raises(Flux2Error, match="reference KV cache is empty"):
-        net.forward_kv_cached(
+        net(
             inputs["x"],
             image_ids(H, W),
             inputs["t"],
             inputs["ctx"],
-            text_ids(T),
-            RefKVCache(len(net.double_blocks), len(net.single_blocks)),
+            CallExtras(kv_cache=RefKVCache(len(net.double_blocks), len(net.single_blocks))),
         )
 
 
@@ -169,7 +169,7 @@ def test_guidance_embedding_of_the_dev_shape(tmp_path):
     x, ctx, t, g = torch.randn(1, 4, 128), torch.randn(1, T, 24), torch.tensor([0.5]), torch.tensor([3.5])
     expected = _diffusers(reference, x, ctx, t, image_ids(2, 2), guidance=g)[0]
     with torch.no_grad():
-        got = model.transformer(x, image_ids(2, 2), t, ctx, text_ids(T), guidance=g)
+        got = model.transformer(x, image_ids(2, 2), t, ctx, CallExtras(guidance=g))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
@@ -251,7 +251,7 @@ def test_float16_residuals_are_clipped_instead_of_overflowing(reference, tmp_pat
     with torch.no_grad():
         for p in net.double_blocks[0].img_mlp[2].parameters():
             p.mul_(3e4)  # pushes the image stream past float16's range after the first block
-        out = net(inputs["x"].half(), image_ids(H, W), inputs["t"], inputs["ctx"].half(), text_ids(T))
+        out = net(inputs["x"].half(), image_ids(H, W), inputs["t"], inputs["ctx"].half())
     assert torch.isfinite(out).all()
 
 
@@ -288,19 +288,27 @@ def test_incomplete_file_is_named(tmp_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cpu_low_precision_attention_matches_sdpa_within_its_precision(dtype):
     from flux2_core.dit import attention
+    from flux2_core.dit.block_ops import KERNELS, FusedOps, ops_for
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 2500, 64, generator=g) for _ in range(3))  # several query chunks
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    for kernel in (attention.matmul_kernel, attention.sdpa):  # the matrix products, and whichever is chosen
-        got = kernel(q.to(dtype), k.to(dtype), v.to(dtype))
-        assert got.dtype == dtype and got.shape == want.shape
-        assert (got.float() - want).abs().max().item() < 2e-2
-    assert torch.equal(attention.sdpa(q, k, v), want)  # float32 keeps PyTorch's kernel
+    with torch.no_grad():
+        ops = ops_for("cpu", dtype)  # a CPU below float32: the fused ops, with the measured kernel choice
+        assert isinstance(ops, FusedOps) and ops.kernels is KERNELS
+        for kernel in (attention.matmul_kernel, ops.attention):  # the matrix products, and the chosen one
+            got = kernel(q.to(dtype), k.to(dtype), v.to(dtype))
+            assert got.dtype == dtype and got.shape == want.shape
+            assert (got.float() - want).abs().max().item() < 2e-2
+        plain = ops_for("cpu", torch.float32)
+        assert not isinstance(plain, FusedOps)
+        assert torch.equal(plain.attention(q, k, v), want)  # float32 keeps PyTorch's kernel
+        assert torch.equal(attention.attend(q, k, v), want)
 
 
 def test_rope_rotation_table_rotates_pairs_exactly():
-    from flux2_core.dit.rope import apply_rope_, rope_table, rotation_table
+    from flux2_core.dit.fused import rope_in_chunks
+    from flux2_core.dit.rope import apply_rope, rope_table, rotation_table
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 12, 16, generator=g)
@@ -308,36 +316,52 @@ def test_rope_rotation_table_rotates_pairs_exactly():
     x0, x1 = x[..., 0::2], x[..., 1::2]
     cos, sin = table[..., 0], table[..., 1]
     want = torch.stack([cos * x0 - sin * x1, sin * x0 + cos * x1], dim=-1).flatten(-2)
+    before = x.clone()
     for form in (rotation_table(table), table):
+        y = apply_rope(x, form)
+        assert y is not x and y.dtype == x.dtype and torch.equal(y, want)  # a new tensor, x's dtype
+        assert torch.equal(x, before)  # its input left as it was
         y = x.clone()
-        assert apply_rope_(y, form) is y and torch.equal(y, want)  # rotated in place
+        assert rope_in_chunks(y, form) is y and torch.equal(y, want)  # rotated in place
 
 
 def test_rope_in_chunks_is_the_whole_sequences_rotation_bit_for_bit():
-    from flux2_core.dit import rope
+    from flux2_core.dit import fused, rope
 
     g = torch.Generator().manual_seed(0)
     ids = rope.image_ids(40, 60)  # 2400 tokens: several chunks, the last one partial
     table = rope.rotation_table(rope.rope_table(ids, (32, 32, 32, 32), 2000))
     for dtype in (torch.bfloat16, torch.float32):
         x = torch.randn(1, 2, 2400, 128, generator=g).to(dtype)
-        whole = rope._rotate(x, table)
-        assert x.shape[2] > rope.ROPE_CHUNK and torch.equal(rope.apply_rope_(x, table), whole)
+        whole = rope.apply_rope(x, table)
+        assert x.shape[2] > fused.NORM_ROPE_CHUNK and torch.equal(fused.rope_in_chunks(x, table), whole)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_qk_norm_in_chunks_is_the_whole_sequences_norm_bit_for_bit(dtype):
-    from flux2_core.dit import pointwise
+    """The fused q/k norm + RoPE (``fused.norm_rope``) runs ``NORM_ROPE_CHUNK`` tokens at a time: the same
+    bits as the norm and rotation of every token at once, into a new tensor or over its input."""
+    import torch.nn.functional as F
+
+    from flux2_core.dit import fused, pointwise, rope
 
     norm = pointwise.RMSNorm(128)
     with torch.no_grad():
         norm.scale.copy_(torch.rand(128) + 0.5)
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(1, 2, 2400, 128, generator=g).to(dtype)  # several chunks of tokens, the last one partial
-    assert x.shape[-2] > pointwise.NORM_CHUNK
-    whole = norm._low_precision(x)
-    got = norm(x)
-    assert got.dtype == whole.dtype and torch.equal(got, whole)
+    ids = rope.image_ids(40, 60)  # 2400 tokens: several chunks, the last one partial
+    table = rope.rotation_table(rope.rope_table(ids, (32, 32, 32, 32), 2000))
+    x = torch.randn(1, 2, 2400, 128, generator=g).to(dtype)
+    assert x.shape[-2] > fused.NORM_ROPE_CHUNK and x.shape[-2] % fused.NORM_ROPE_CHUNK
+    with torch.no_grad():
+        normed = F.rms_norm(x.float(), (128,), norm.scale.float(), pointwise.NORM_EPS)
+        whole = rope.rotated(normed, table, fused=True).to(dtype)
+        got = fused.norm_rope(x, norm, table)
+        assert got.dtype == dtype and torch.equal(got, whole)
+        # the (cos, sin) table form too, and written over the input
+        y = x.clone()
+        assert fused.norm_rope(y, norm, rope.rope_table(ids, (32, 32, 32, 32), 2000), out=y) is y
+        assert torch.equal(y, whole)
 
 
 class TestKleinLoader(LoaderContract):
@@ -384,7 +408,7 @@ class TestKleinLoader(LoaderContract):
 
     def run(self, model, inputs):
         x, ctx, t = inputs
-        return model.transformer(x, image_ids(H, W), t, ctx, text_ids(T))
+        return model.transformer(x, image_ids(H, W), t, ctx)
 
     def run_reference(self, reference, inputs):
         x, ctx, t = inputs

@@ -33,6 +33,7 @@ from tiny_vae import random_vae_state_dict
 from tiny_vae import write_bfl_file as write_flux2_vae
 
 import flux2_core
+from flux2_core.dit.call import CallExtras
 from flux2_core.errors import Flux2Error
 from flux2_core.flux1 import (
     FILL_DEV,
@@ -51,7 +52,7 @@ from flux2_core.flux1 import (
 from flux2_core.flux1.config import schedule_shift
 from flux2_core.flux1.fill import FillInputs
 from flux2_core.flux1.text import CLIP_L, T5_XXL, build_clip, build_t5, load_clip, load_t5
-from flux2_core.flux1.transformer import image_ids, text_ids
+from flux2_core.flux1.transformer import image_ids
 from flux2_core.flux1.vae import FLUX1_VAE
 from flux2_core.ops import PLAIN, linears
 
@@ -309,7 +310,7 @@ def _forward(model):
     pooled = torch.randn(2, 128, generator=g)
     t, guidance = torch.tensor([0.7, 0.3]), torch.tensor([30.0, 30.0])
     with torch.no_grad():
-        return model.transformer(x, image_ids(4, 6), t, ctx, text_ids(7), pooled, guidance)
+        return model.transformer(x, image_ids(4, 6), t, ctx, CallExtras(pooled=pooled, guidance=guidance))
 
 
 @pytest.mark.parametrize("form", ["tensor", "legacy"])
@@ -394,9 +395,7 @@ def test_fill_guidance_is_embedded_as_1000_g_formed_in_the_compute_dtype():
             image_ids(2, 2),
             torch.tensor([0.5]),
             ctx,
-            text_ids(3),
-            torch.zeros(1, 16),
-            torch.tensor([30.0]),
+            CallExtras(pooled=torch.zeros(1, 16), guidance=torch.tensor([30.0])),
         )
     expected = timestep_embedding(torch.tensor([29952.0]), factor=1.0).to(torch.bfloat16)
     assert torch.equal(seen[0], expected)

@@ -35,6 +35,7 @@ from tiny_flux1 import (
 )
 from transformers import CLIPTokenizer, T5TokenizerFast
 
+from flux2_core.dit.call import CallExtras
 from flux2_core.dit.step_cache import StepCache
 from flux2_core.editing import outpaint_canvas
 from flux2_core.flux1 import (
@@ -139,7 +140,7 @@ def _diffusers_dit(dit, inputs):
 def _our_dit(model, inputs):
     x, ctx, pooled, t, guidance, x_ids, ctx_ids = inputs
     with torch.no_grad():
-        return model.transformer(x, x_ids, t, ctx, ctx_ids, pooled, guidance)
+        return model.transformer(x, x_ids, t, ctx, CallExtras(pooled=pooled, guidance=guidance))
 
 
 # ---- the DiT ---------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def inputs():
 def _forward(net, inputs):
     x, ctx, t = inputs
     with torch.no_grad():
-        return net(x, image_ids(2, 3), t, ctx, text_ids(T))
+        return net(x, image_ids(2, 3), t, ctx)
 
 
 def _write(tmp_path, tensors, name="lora.safetensors", metadata=None):

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 from tiny_dit import bfl_state_dict, make_diffusers_dit, write_bfl_file
 
+from flux2_core.dit.call import CallExtras
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.rope import image_ids, text_ids
 from flux2_core.errors import Flux2Error
@@ -74,7 +75,7 @@ def _inputs():
 def _ours(net, lora=None):
     x, ctx, t, guidance = _inputs()
     with torch.no_grad(), applied(net, None, [lora] if lora else []):
-        return net(x, image_ids(2, 3), t, ctx, text_ids(T), guidance=guidance)
+        return net(x, image_ids(2, 3), t, ctx, CallExtras(guidance=guidance))
 
 
 def _diffusers(path, strength=S):

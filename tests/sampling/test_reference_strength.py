@@ -11,13 +11,15 @@ from tiny_dit import make_diffusers_dit, write_bfl_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core.denoiser import KleinDenoiser
+from flux2_core.denoiser import Flux2Denoiser
 from flux2_core.devices.streaming import disable_streaming, enable_streaming
 from flux2_core.dit.attention import attention_bias
+from flux2_core.dit.block_ops import PLAIN
+from flux2_core.dit.call import CallExtras
 from flux2_core.dit.files import load_transformer
 from flux2_core.dit.kv_cache import RefKVLayer
-from flux2_core.dit.layers import cached_key_bias, joint_attention
-from flux2_core.dit.rope import image_ids, text_ids
+from flux2_core.dit.layers import BlockCall
+from flux2_core.dit.rope import image_ids, reference_ids, rotation_table
 from flux2_core.errors import Flux2Error
 from flux2_core.kv_store import RefKVStore
 from flux2_core.references import ReferenceLatents, encode_references
@@ -71,38 +73,55 @@ def _qkv(batch=1, heads=2, length=10, dim=16, seed=0):
 
 
 def _no_rope(length, dim=16):
-    """The identity rotation, [L, D / 2, 2] (cos 1, sin 0): the formula then needs no RoPE of its own."""
-    return torch.stack([torch.ones(length, dim // 2), torch.zeros(length, dim // 2)], -1)
+    """The identity rotation table (cos 1, sin 0): the call's q and k come rotated already (the blocks rotate
+    them), so the formula needs no RoPE of its own."""
+    return rotation_table(torch.stack([torch.ones(length, dim // 2), torch.zeros(length, dim // 2)], -1))
 
 
-def test_one_attention_with_reference_strengths_is_the_formula():
+def _call_bias(weights, variant, ref_bias, num_txt, num_img, ref_grids):
+    """The bias the DiT hands its blocks (their ``BlockCall``) in a call of ``num_txt`` text and ``num_img``
+    image tokens with references on ``ref_grids`` (the KV model: their cached K/V) at ``ref_bias``."""
+    net = load_transformer(weights["dit_file"], variant=variant).transformer
+    g = torch.Generator().manual_seed(9)
+    ref_ids = reference_ids(ref_grids)
+    ref = torch.randn(1, ref_ids.shape[0], 128, generator=g)
+    x, ctx = torch.randn(1, num_img, 128, generator=g), torch.randn(1, num_txt, 24, generator=g)
+    if variant == "kv":
+        extras = CallExtras(kv_cache=net.encode_reference_kv(ref, ref_ids), reference_bias=ref_bias)
+    else:
+        extras = CallExtras(references=(ref, ref_ids), reference_bias=ref_bias)
+    calls = []
+    hook = net.double_blocks[0].register_forward_pre_hook(lambda m, args: calls.append(args[4]))
+    with torch.inference_mode():
+        net(x, image_ids(1, num_img), torch.tensor([0.7]), ctx, extras)
+    hook.remove()
+    return calls[0].bias
+
+
+def test_one_attention_with_reference_strengths_is_the_formula(weights):
     # keys: 3 text, 4 image, then references of 2 and 1 tokens at strengths 0.5 and 3
     q, k, v = _qkv(length=10)
     ref_bias = key_bias([0.5, 3.0], [2, 1], torch.float32, "cpu")
     own = torch.cat([torch.zeros(7), ref_bias])
-    got = joint_attention(q.clone(), k.clone(), v, _no_rope(10), num_txt=3, attn_bias=attention_bias(own))
+    bias = _call_bias(weights, "distilled", ref_bias, 3, 4, [(1, 2), (1, 1)])
+    assert torch.equal(bias, attention_bias(own))  # the references' keys, after the text and image keys
+    got = BlockCall(PLAIN, _no_rope(10), bias, num_txt=3).attention(q, k, v)
     expected = _by_hand(q, k, v, own)
     torch.testing.assert_close(got, expected.permute(0, 2, 1, 3).flatten(2).float(), atol=1e-5, rtol=1e-5)
 
 
-def test_the_kv_model_biases_the_cached_keys_spliced_after_the_text():
+def test_the_kv_model_biases_the_cached_keys_spliced_after_the_text(weights):
     q, k, v = _qkv(length=6, seed=1)  # 2 text + 4 image tokens
     k_ref, v_ref = _qkv(length=3, seed=2)[1:]
     layer = RefKVLayer()
     layer.store(k_ref, v_ref)
     ref_bias = key_bias([0.25], [3], torch.float32, "cpu")
-    got = joint_attention(
-        q.clone(),
-        k.clone(),
-        v,
-        _no_rope(6),
-        num_txt=2,
-        kv=layer,
-        attn_bias=attention_bias(cached_key_bias(ref_bias, 2, 9)),
-    )
+    call_bias = _call_bias(weights, "kv", ref_bias, 2, 4, [(1, 3)])
+    got = BlockCall(PLAIN, _no_rope(6), call_bias, num_txt=2).attention(q, k, v, kv=layer)
     keys = torch.cat([k[:, :, :2], k_ref, k[:, :, 2:]], dim=2)
     values = torch.cat([v[:, :, :2], v_ref, v[:, :, 2:]], dim=2)
     bias = torch.cat([torch.zeros(2), ref_bias, torch.zeros(4)])
+    assert torch.equal(call_bias, attention_bias(bias))  # the cached keys' bias, spliced in after the text
     expected = _by_hand(q, keys, values, bias)
     torch.testing.assert_close(got, expected.permute(0, 2, 1, 3).flatten(2).float(), atol=1e-5, rtol=1e-5)
 
@@ -193,14 +212,15 @@ def test_a_reference_at_zero_reaches_no_other_token(weights):
     x, ctx = torch.randn(1, 16, 128, generator=g), _embeds(7)[:, :20]
     first = refs.token_counts[0]
     with torch.inference_mode():
-        args = (x, image_ids(4, 4), torch.tensor([0.7]), ctx, text_ids(20))
+        args = (x, image_ids(4, 4), torch.tensor([0.7]), ctx)
         masked = net(
             *args,
-            refs.tokens,
-            refs.ids,
-            ref_bias=key_bias([0.0, 1.0], refs.token_counts, torch.float32, "cpu"),
+            CallExtras(
+                references=(refs.tokens, refs.ids),
+                reference_bias=key_bias([0.0, 1.0], refs.token_counts, torch.float32, "cpu"),
+            ),
         )
-        alone = net(*args, refs.tokens[:, first:], refs.ids[first:])
+        alone = net(*args, CallExtras(references=(refs.tokens[:, first:], refs.ids[first:])))
     torch.testing.assert_close(masked, alone, atol=1e-5, rtol=1e-5)
 
 
@@ -214,12 +234,13 @@ def test_outside_its_step_range_a_reference_counts_as_zero(weights):
     refs = replace(refs, strengths=(ReferenceStrength(2.0, 0.0, 0.5), ReferenceStrength(1.0, 0.25, 1.0)))
     request = SampleRequest(model, _embeds(1), settings, references=refs)
     schedule = get_sigmas(4, 16).tolist()
-    denoiser = KleinDenoiser(request, schedule)
+    denoiser = Flux2Denoiser(request, schedule)
     seen = []
     for sigma in schedule[:-1]:
-        tokens, _, bias = denoiser._references_at(sigma)
+        extras = denoiser.extras(sigma, 0, "cpu")
+        bias = extras.reference_bias
         seen.append(None if bias is None else sorted(set(bias.exp().tolist())))
-        assert tokens is not None
+        assert extras.references is not None
     # steps 0..3 of 4: the first reference at 2 on steps 0-1, the second at 1 on steps 1-3
     assert seen == [[0.0, 2.0], [1.0, 2.0], [0.0, 1.0], [0.0, 1.0]]
 

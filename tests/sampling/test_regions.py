@@ -11,9 +11,11 @@ from tiny_dit import make_diffusers_dit, write_bfl_file
 from tiny_vae import make_diffusers_vae, random_vae_state_dict
 from tiny_vae import write_bfl_file as write_vae_file
 
-from flux2_core.dit.attention import attention_bias, sdpa
+from flux2_core.dit.attention import attend, attention_bias, sdpa_kernel
+from flux2_core.dit.block_ops import PLAIN
 from flux2_core.dit.files import load_transformer
-from flux2_core.dit.layers import joint_attention
+from flux2_core.dit.layers import BlockCall
+from flux2_core.dit.rope import rotation_table
 from flux2_core.errors import Flux2Error
 from flux2_core.references import ReferenceLatents
 from flux2_core.sampling import SampleRequest, SampleSettings, sample
@@ -79,8 +81,8 @@ def test_one_attention_under_the_mask_is_the_formula():
     left = torch.tensor([[1.0] * 16 + [0.0] * 16] * 16)
     regions = RegionalPrompt(_embeds(0, 2), (Region(_embeds(1, 2), left, 0.5),))
     _, mask = regional_plan(regions, (1, 2), torch.float32, "cpu")
-    rope = torch.stack([torch.ones(6, 8), torch.zeros(6, 8)], -1)  # the identity rotation
-    got = joint_attention(q.clone(), k.clone(), v, rope, num_txt=4, attn_bias=mask)
+    rope = rotation_table(torch.stack([torch.ones(6, 8), torch.zeros(6, 8)], -1))  # the identity rotation
+    got = BlockCall(PLAIN, rope, mask, num_txt=4).attention(q, k, v)  # q and k come rotated
     logits = q.double() @ k.double().transpose(-1, -2) / 4.0 + mask.dense().double()
     expected = (logits.softmax(-1) @ v.double()).permute(0, 2, 1, 3).flatten(2)
     torch.testing.assert_close(got, expected.float(), atol=1e-5, rtol=1e-5)
@@ -105,8 +107,9 @@ def test_the_grouped_mask_attends_as_its_dense_form():
     assert length == 3 + 2 + 3 + 4 + 12 and len(mask.groups) > 5
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 3, length, 16, generator=g) for _ in range(3))
-    got = mask.attend(q, k, v, sdpa)
-    expected = sdpa(q, k, v, attention_bias(mask.dense()))
+    got = mask.attend(q, k, v, sdpa_kernel)
+    expected = attend(q, k, v, attention_bias(mask.dense()))
+    torch.testing.assert_close(attend(q, k, v, mask), got, atol=0, rtol=0)  # attended group by group
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
     assert sorted(torch.cat([grp.queries for grp in mask.groups]).tolist()) == list(range(length))
 
@@ -119,8 +122,8 @@ def test_the_grouped_mask_follows_its_tokens_when_they_are_reordered():
     assert torch.equal(mask.arranged(order).dense(), dense[order][:, order])
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, mask.length, 8, generator=g) for _ in range(3))
-    got = mask.arranged(order).attend(q[:, :, order], k[:, :, order], v[:, :, order], sdpa)
-    torch.testing.assert_close(got, mask.attend(q, k, v, sdpa)[:, :, order], atol=1e-6, rtol=1e-6)
+    got = mask.arranged(order).attend(q[:, :, order], k[:, :, order], v[:, :, order], sdpa_kernel)
+    torch.testing.assert_close(got, mask.attend(q, k, v, sdpa_kernel)[:, :, order], atol=1e-6, rtol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -190,9 +193,12 @@ def test_the_negative_pass_stays_unmasked(model, monkeypatch):
     dit = load_transformer(model["path"], variant="base")
     net, masks = dit.transformer, []
     forward = net.forward
-    monkeypatch.setattr(
-        net, "forward", lambda *a, **kw: masks.append(kw.get("attn_mask")) or forward(*a, **kw)
-    )
+
+    def recording(x, x_ids, t, ctx, extras):
+        masks.append(extras.regions)
+        return forward(x, x_ids, t, ctx, extras)
+
+    monkeypatch.setattr(net, "forward", recording)
     glob, a = _embeds(20), _embeds(21)
     settings = SampleSettings(64, 96, 2, 4.0, 6)
     request = SampleRequest(

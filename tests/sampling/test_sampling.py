@@ -8,6 +8,7 @@ from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu 
 from diffusers.utils.torch_utils import randn_tensor
 
 from flux2_core.configs import VARIANTS, Flux2Config
+from flux2_core.dit.call import NO_EXTRAS
 from flux2_core.dit.transformer import Flux2Model
 from flux2_core.errors import Flux2Error
 from flux2_core.sampling import (
@@ -81,9 +82,9 @@ class ConstantVelocity(torch.nn.Module):
     def blocks(self):
         return [self.block]
 
-    def forward(self, x, x_ids, t, ctx, ctx_ids, ref=None, ref_ids=None, guidance=None):
+    def forward(self, x, x_ids, t, ctx, extras=NO_EXTRAS):
         self.calls += 1
-        self.seen_refs.append(None if ref is None else ref.shape[1])
+        self.seen_refs.append(None if extras.references is None else extras.references[0].shape[1])
         sign = self.block(ctx[:, :1, :1])
         return sign * self.c.expand_as(x)
 

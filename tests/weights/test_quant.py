@@ -57,13 +57,13 @@ def inputs():
     ctx = torch.randn(1, 5, 24, generator=g)
     ids = torch.zeros(12, 4)
     ids[:, 1], ids[:, 2] = torch.arange(12) // 4, torch.arange(12) % 4
-    return x, torch.tensor([0.7]), ctx, ids, torch.zeros(5, 4)
+    return x, torch.tensor([0.7]), ctx, ids
 
 
 def _forward(model, inputs):
-    x, t, ctx, x_ids, ctx_ids = inputs
+    x, t, ctx, x_ids = inputs
     with torch.no_grad():
-        return model.transformer(x, x_ids, t, ctx, ctx_ids)
+        return model.transformer(x, x_ids, t, ctx)
 
 
 def _reference(sd, expected, tmp_path, high=torch.bfloat16):
@@ -268,8 +268,8 @@ def test_gguf_dit_dequantises_like_gguf_and_runs(tmp_path):
     save_file({k: v.contiguous() for k, v in held.items()}, str(tmp_path / "held.safetensors"))
     plain = load_transformer(tmp_path / "held.safetensors", variant="distilled")
     with torch.no_grad():
-        out = model.transformer(x, ids, torch.tensor([0.5]), ctx, torch.zeros(3, 4))
-        want = plain.transformer(x, ids, torch.tensor([0.5]), ctx, torch.zeros(3, 4))
+        out = model.transformer(x, ids, torch.tensor([0.5]), ctx)
+        want = plain.transformer(x, ids, torch.tensor([0.5]), ctx)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 

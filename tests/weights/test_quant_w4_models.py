@@ -29,9 +29,10 @@ from tiny_mistral import TINY_TEXT_HEAD_128, comfy_tensors, make_tiny_mistral3, 
 from tiny_text import make_tiny_qwen3, model_tensors  # noqa: E402
 
 from flux2_core import SampleRequest, SampleSettings, load_transformer, sample  # noqa: E402
+from flux2_core.dit.call import CallExtras  # noqa: E402
 from flux2_core.dit.control import CONTROL_CHANNELS, load_controlnet  # noqa: E402
 from flux2_core.flux1 import load_fill_transformer  # noqa: E402
-from flux2_core.flux1.transformer import image_ids, text_ids  # noqa: E402
+from flux2_core.flux1.transformer import image_ids  # noqa: E402
 from flux2_core.ops import PLAIN, linears  # noqa: E402
 from flux2_core.steering.control_image import AppliedControl  # noqa: E402
 from flux2_core.text.encoder import load_text_encoder, text_encoder_from_state_dict  # noqa: E402
@@ -88,7 +89,7 @@ def _fill_forward(model):
     pooled = torch.randn(2, 128, generator=g)
     t, guidance = torch.tensor([0.7, 0.3]), torch.tensor([30.0, 30.0])
     with torch.no_grad():
-        return model.transformer(x, image_ids(4, 6), t, ctx, text_ids(7), pooled, guidance)
+        return model.transformer(x, image_ids(4, 6), t, ctx, CallExtras(pooled=pooled, guidance=guidance))
 
 
 def test_a_w4a8_fill_dit_equals_comfy_kitchen_and_its_float_twin(tmp_path):
