@@ -256,10 +256,7 @@ def sample(request: SampleRequest) -> torch.Tensor:
         control.net.to(device)  # beside the DiT (a host's model manager has put it there already)
     cache = StepCache.of(request.step_cache)
     cache.start(len(request.conds))
-    # the run's setting of the model (``model_run``): LoRAs applied, the interrupt before every block, a
-    # streamed model's device copies released however the run ends
-    interrupt = before_each(net.blocks(), calling(request.interrupt))
-    with copies_released(net), interrupt, patched(net, DIT, model.loras):
+    with model_run(model, request.interrupt):
         kv_cache = request.kv_cache if model.variant.kv_cache else None
         if model.variant.kv_cache and references is not None and len(references) and kv_cache is None:
             kv_cache = net.encode_reference_kv(references.tokens.to(device, net.dtype), references.ids)
