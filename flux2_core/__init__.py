@@ -125,6 +125,7 @@ from .upscale.tiled import DEFAULT_OVERLAP as TILE_OVERLAP
 from .upscale.tiled import DEFAULT_TILE as TILE_SIZE
 from .upscale.tiled import TiledRefine, tiled_memory, tiled_refine
 from .vae.autoencoder import AutoEncoder, load_vae
+from .vae.progress import split_progress
 from .weights.hub import MissingComponent
 from .weights.kitchen import MODES as QUANT_COMPUTE_MODES
 
@@ -237,6 +238,7 @@ __all__ = [
     "load_text_encoder",
     "load_transformer",
     "load_transformer_parallel",
+    "split_progress",
     "load_vae",
     "make_noise",
     "outpaint_canvas",

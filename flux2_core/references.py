@@ -25,6 +25,7 @@ from .configs import FLUX2
 from .dit.rope import reference_ids
 from .errors import Flux2Error
 from .steering.reference_strength import PLAIN, ReferenceStrength, check_strengths
+from .vae.progress import Progress, split_progress
 
 MAX_REFERENCE_PIXELS = 1024 * 1024
 MIN_SIDE = 64
@@ -135,19 +136,21 @@ def encode_references(
     fit: str = "crop",
     tile_size: int | None = None,
     tile_overlap: int = 64,
+    progress: Progress | None = None,
 ) -> ReferenceLatents:
     """Preprocess and encode each reference separately (they may differ in size) and pack them in order.
 
     ``interrupt`` is called before each image and may raise to stop. ``tile_size`` and ``tile_overlap``
     are passed to ``AutoEncoder.encode`` (tiled encoding of large references; None: automatic).
+    ``progress`` counts the encodes as one run after another (``vae.progress.split_progress``).
     """
     tiling = {} if tile_size is None else {"tile_size": tile_size, "tile_overlap": tile_overlap}
     latents = []
-    for image in images:
+    for image, part in zip(images, split_progress(progress, len(images))):
         if interrupt is not None:
             interrupt()
         pixels = prepare_reference(image, max_pixels, fit)
-        latents.append(vae.encode(pixels, **tiling).float().cpu())
+        latents.append(vae.encode(pixels, progress=part, **tiling).float().cpu())
     return ReferenceLatents.from_latents(latents)
 
 

@@ -60,8 +60,8 @@ class Flux2KleinEncode(io.ComfyNode):
     @classmethod
     def execute(cls, vae: types.KleinVAE, image) -> io.NodeOutput:
         check_image_size(image.shape[2], image.shape[1])  # a side the sampler would refuse is refused here
-        with encoding(vae, image.shape[1:3]):
-            latents = encode_images(vae.vae, convert.image_to_list(image), host.check_interrupt)
+        with encoding(vae, image.shape[1:3]) as progress:
+            latents = encode_images(vae.vae, convert.image_to_list(image), host.check_interrupt, progress)
         return io.NodeOutput({"samples": latents.to(host.intermediate_device())})
 
 
@@ -125,8 +125,8 @@ class Flux2KleinInpaintPrepare(io.ComfyNode):
     def execute(cls, vae: types.KleinVAE, image, mask, references=None, grow_mask=0, crop_to_mask=False,
                 context=64):  # fmt: skip
         pixels, crop_mask, stitch = inpaint_crop(image, mask, grow_mask, crop_to_mask, context)
-        with encoding(vae, pixels.shape[:2], "use crop_to_mask or a smaller image"):
-            source = encode_image(vae.vae, pixels)
+        with encoding(vae, pixels.shape[:2], "use crop_to_mask or a smaller image") as progress:
+            source = encode_image(vae.vae, pixels, progress)
         refs = ReferenceLatents.from_latents([source.cpu()])  # the source first, then the extra references
         device = host.intermediate_device()
         latent = {"samples": source.to(device), "noise_mask": crop_mask[None, None].to(device)}

@@ -217,6 +217,24 @@ def step_reporter(steps: int, latent_format: str = "Flux2"):
     return report
 
 
+def progress_reporter():
+    """A core progress callback ``(done, total)`` (a VAE run's, ``flux2_core.vae.progress``): stops on cancel
+    and moves the running node's progress bar, made at the first call (0 of the whole total, before any
+    work), so a reporter never called draws no bar."""
+    import comfy.utils
+
+    bar = None
+
+    def report(done: int, total: int) -> None:
+        nonlocal bar
+        check_interrupt()
+        if bar is None:
+            bar = comfy.utils.ProgressBar(total)
+        bar.update_absolute(done, total)
+
+    return report
+
+
 def tokenizer_folders() -> list[str]:
     """The host's own CLIP-L and T5 tokenizer folders (``comfy/sd1_tokenizer``,
     ``comfy/text_encoders/t5_tokenizer``), for FLUX.1's text encoders, whose weight files carry none.

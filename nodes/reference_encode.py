@@ -153,7 +153,10 @@ class Flux2KleinReferenceEncode(io.ComfyNode):
         images, pixels = convert.image_to_list(image), int(max_megapixels * MEGAPIXEL)
         tiles = {"tile_size": tile_size, "tile_overlap": tile_overlap}
         host.load(vae.patcher, reference_encode_memory(vae.vae, images, pixels, resize, **tiles))
-        encoded = encode_references(vae.vae, images, pixels, host.check_interrupt, fit=resize, **tiles)
+        progress = host.progress_reporter()  # per encoder stage of each tile, one image after another
+        encoded = encode_references(
+            vae.vae, images, pixels, host.check_interrupt, fit=resize, progress=progress, **tiles
+        )
         if not weight.plain:
             encoded = encoded.with_strength(weight)
         return io.NodeOutput(encoded if references is None else references + encoded)

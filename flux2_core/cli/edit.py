@@ -12,7 +12,7 @@ import torch
 from ..editing import composite, latent_mask, outpaint_canvas, prepare_inpaint
 from ..errors import Flux2Error
 from ..references import ReferenceLatents, prepare_reference, processed_size
-from . import inputs
+from . import inputs, progress
 
 # --image without a mask: 1.0 would ignore the image; 0.75 skips the first of 4 steps (steps skipped:
 # int(steps - steps * strength), diffusers' rule, so with 4 steps anything above 0.75 skips none)
@@ -80,7 +80,7 @@ def encode_edit(vae, edit: Edit | None, references, grid, tiles: dict):
     if edit is None:
         return None, None, references
     # img2img: capped and cropped as references are; inpaint: the prepared crop, already at its size
-    start = vae.encode(prepare_reference(edit.pixels, edit.max_pixels), **tiles).float().cpu()
+    start = progress.encode(vae, prepare_reference(edit.pixels, edit.max_pixels), tiles, "VAE encode (image)")
     if tuple(start.shape[-2:]) != grid:  # cannot happen: the output size is the encoded image's
         raise Flux2Error(
             f"the image encodes to a {start.shape[-1]}x{start.shape[-2]} latent grid, not {grid[1]}x{grid[0]}"

@@ -31,7 +31,7 @@ from ..weights.checkpoint import open_checkpoint
 from ..weights.hub import parse
 from ..weights.keymaps import DIT_PREFIXES, strip_prefix
 from ..weights.loading import weight_bytes
-from . import inputs
+from . import inputs, progress
 from .edit import composite_pixels
 
 log = logging.getLogger("flux2_core")
@@ -149,8 +149,7 @@ def generate_fill(request) -> list[Path]:
     inputs.release(device)
     outputs = []
     for latents in results:
-        with torch.inference_mode():
-            decoded = torch.cat([vae.decode(item.to(device), **tiles).cpu() for item in latents.split(1)])
+        decoded = progress.decode_each(vae, latents, device, tiles)
         outputs.append(
             decoded if args.no_composite else composite_pixels(decoded, edit.stitch, args.mask_feather)
         )

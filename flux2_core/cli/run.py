@@ -50,7 +50,7 @@ from ..vae.autoencoder import load_vae
 from ..vae.tiling import check_tiling
 from ..weights.loading import weight_bytes
 from . import control as control_flags
-from . import inputs
+from . import inputs, progress
 from . import tiled as tiled_flags
 from .edit import Edit, composite_pixels, encode_edit, prepare_edit
 from .fill import check_fill_args
@@ -301,7 +301,10 @@ def encode_images(request: Request, plan: Plan, ranks: Ranks):
     if ranks.is_main:
         vae = load_vae(plan.vae, dtype=torch.float32, device=request.device)
         if request.images:
-            references = encode_references(vae, request.images, request.max_pixels, **request.tiles)
+            with progress.vae_bar("VAE encode (references)") as bar:
+                references = encode_references(
+                    vae, request.images, request.max_pixels, progress=bar, **request.tiles
+                )
             if request.strengths:
                 references = replace(references, strengths=request.strengths)
         start, mask, references = encode_edit(vae, request.edit, references, plan.grid, request.tiles)
@@ -375,10 +378,7 @@ def decode_and_save(request: Request, vae, results: list[torch.Tensor]) -> list[
     args, edit = request.args, request.edit
     outputs = []
     for latents in results:
-        with torch.inference_mode():
-            pixels = torch.cat(
-                [vae.decode(item.to(request.device), **request.tiles).cpu() for item in latents.split(1)]
-            )
+        pixels = progress.decode_each(vae, latents, request.device, request.tiles)
         if edit is not None and edit.stitch is not None and not args.no_composite:
             pixels = composite_pixels(pixels, edit.stitch, args.mask_feather)
         outputs.append(pixels)

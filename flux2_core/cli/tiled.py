@@ -18,7 +18,7 @@ from ..limits import check_size
 from ..references import prepare_reference
 from ..upscale.tiled import DEFAULT_OVERLAP, TiledRefine, tile_grid, tiled_refine
 from ..vae.autoencoder import load_vae
-from . import inputs
+from . import inputs, progress
 
 REFINE_STRENGTH = 0.35  # --strength's default with --tile-size: detail added, the picture kept
 ALONE = ("mask", "outpaint", "reference", "region", "controlnet", "sigmas", "parallel")
@@ -111,7 +111,7 @@ def run(request, plan, model, conditioning) -> list:
     vae = load_vae(plan.vae, dtype=torch.float32, device=device)
     with torch.inference_mode():
         pixels = prepare_reference(canvas.image, canvas.width * canvas.height)
-        source = vae.encode(pixels, **request.tiles).float().cpu()
+        source = progress.encode(vae, pixels, request.tiles)
     negative = conditioning[1:2] if model.variant.uses_cfg and plan.settings.guidance > 1.0 else None
     model.transformer.to(device)
     with tqdm(total=plan.settings.steps, unit="step") as bar:
@@ -123,8 +123,7 @@ def run(request, plan, model, conditioning) -> list:
         latent = tiled_refine(refine)
     model.transformer.to("cpu")
     inputs.release(device)
-    with torch.inference_mode():
-        image = vae.decode(latent.to(device), **request.tiles).cpu()
+    image = progress.decode_each(vae, latent, device, request.tiles)
     return inputs.save_images([image], request.output)
 
 

@@ -16,6 +16,7 @@ from ..editing import Stitch, prepare_inpaint
 from ..errors import Flux2Error
 from ..limits import check_size
 from ..references import prepare_reference, processed_size
+from ..vae.progress import Progress, split_progress
 
 
 def check_image_size(width: int, height: int) -> None:
@@ -24,21 +25,26 @@ def check_image_size(width: int, height: int) -> None:
     check_size(width // m * m, height // m * m)
 
 
-def encode_image(vae, image: torch.Tensor) -> torch.Tensor:
-    """One image [H, W, 3] at its own size -> its latent [1, 128, H/16, W/16], float32."""
+def encode_image(vae, image: torch.Tensor, progress: Progress | None = None) -> torch.Tensor:
+    """One image [H, W, 3] at its own size -> its latent [1, 128, H/16, W/16], float32; ``progress``: the
+    encode's (``vae.progress``)."""
     height, width = image.shape[:2]
-    return vae.encode(prepare_reference(image, max_pixels=width * height)).float()
+    return vae.encode(prepare_reference(image, max_pixels=width * height), progress=progress).float()
 
 
 def encode_images(
-    vae, images: list[torch.Tensor], interrupt: Callable[[], None] | None = None
+    vae,
+    images: list[torch.Tensor],
+    interrupt: Callable[[], None] | None = None,
+    progress: Progress | None = None,
 ) -> torch.Tensor:
-    """``encode_image`` of each image of a batch (``interrupt`` called before each): [B, 128, h, w]."""
+    """``encode_image`` of each image of a batch (``interrupt`` called before each): [B, 128, h, w];
+    ``progress`` counts the encodes as one run after another (``vae.progress.split_progress``)."""
     latents = []
-    for image in images:
+    for image, part in zip(images, split_progress(progress, len(images))):
         if interrupt is not None:
             interrupt()
-        latents.append(encode_image(vae, image))
+        latents.append(encode_image(vae, image, part))
     if len({tuple(latent.shape) for latent in latents}) > 1:
         raise Flux2Error("the images of the batch have different sizes: encode them separately")
     return torch.cat(latents)

@@ -9,6 +9,7 @@ names; diffusers ``AutoencoderKLFlux2`` names are mapped by ``keymaps.VAE``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from ..weights.plan import ComponentSpec, block_count, plan_checkpoint
 from . import tiling as vae_tiling
 from .blocks import Decoder, Encoder, VAEConfig
 from .latent_format import BN_EPS, PatchedBatchNorm, denormalize, normalize, patchify, unpatchify
+from .progress import Progress
 
 __all__ = [
     "AutoEncoder",
@@ -82,13 +84,18 @@ class AutoEncoder(nn.Module):
 
     @torch.no_grad()
     def encode(
-        self, pixels: Tensor, tile_size: int | None = None, tile_overlap: int = vae_tiling.DEFAULT_OVERLAP
+        self,
+        pixels: Tensor,
+        tile_size: int | None = None,
+        tile_overlap: int = vae_tiling.DEFAULT_OVERLAP,
+        progress: Progress | None = None,
     ) -> Tensor:
         """[B, 3, H, W] in [-1, 1] -> normalised latent [B, 128, H/16, W/16], always float32.
 
         ``tile_size`` (pixels, a multiple of 16, at least 128) encodes in overlapping tiles that share
         ``tile_overlap`` pixels, for large images in bounded memory; None or 0 tiles only when the image
-        would not fit in the free memory (see ``vae_tiling``).
+        would not fit in the free memory (see ``vae_tiling``). ``progress(done, total)`` is called before
+        the work and after each encoder stage of each tile, and may raise to stop (``vae.progress``).
         """
         if not self.config.has_encoder:
             raise Flux2Error(
@@ -98,22 +105,28 @@ class AutoEncoder(nn.Module):
         if pixels.ndim != 4 or pixels.shape[1] != self.config.in_channels:
             raise Flux2Error(f"VAE encode expects images [B, 3, H, W], got shape {list(pixels.shape)}")
         _check_image_size(pixels.shape[-2], pixels.shape[-1], self.downscale)
-        return vae_tiling.encode(self, pixels, tile_size, tile_overlap, self._encode_whole)
+        return vae_tiling.encode(self, pixels, tile_size, tile_overlap, self._encode_whole, progress)
 
-    def _encode_whole(self, pixels: Tensor) -> Tensor:
-        moments = self.encoder(pixels.to(self.device, self.dtype))  # [B, 2*z, H/8, W/8]: mean ‖ logvar
+    def _encode_whole(self, pixels: Tensor, after: Callable[[int], None] | None = None) -> Tensor:
+        moments = self.encoder(pixels.to(self.device, self.dtype), after)  # [B, 2*z, H/8, W/8]: mean ‖ logvar
         # BFL, diffusers and ComfyUI all take the posterior mean; nobody samples
         return self.latent_format.to_latent(moments[:, : self.config.z_channels], self.bn)
 
     @torch.no_grad()
     def decode(
-        self, latent: Tensor, tile_size: int | None = None, tile_overlap: int = vae_tiling.DEFAULT_OVERLAP
+        self,
+        latent: Tensor,
+        tile_size: int | None = None,
+        tile_overlap: int = vae_tiling.DEFAULT_OVERLAP,
+        progress: Progress | None = None,
     ) -> Tensor:
         """Normalised latent [B, 128, h, w] -> pixels [B, 3, 16h, 16w], about [-1, 1], unclamped, float32.
 
         ``tile_size`` (pixels, a multiple of 16, at least 128) decodes in overlapping tiles that share
         ``tile_overlap`` pixels, blended smoothly, for large images in bounded memory; None or 0 tiles only
-        when the image would not fit in the free memory (see ``vae_tiling``).
+        when the image would not fit in the free memory (see ``vae_tiling``). ``progress(done, total)`` is
+        called before the work and after each decoder stage of each tile, and may raise to stop
+        (``vae.progress``); the pixels are the same with it as without.
         """
         if latent.ndim != 4 or latent.shape[1] != self.latent_channels:
             raise Flux2Error(
@@ -121,7 +134,7 @@ class AutoEncoder(nn.Module):
                 f"{list(latent.shape)}: connect a latent made by {self.family} with this VAE (a latent of "
                 "another model family needs that family's VAE)"
             )
-        pixels = vae_tiling.decode(self, latent, tile_size, tile_overlap, self._decode_whole)
+        pixels = vae_tiling.decode(self, latent, tile_size, tile_overlap, self._decode_whole, progress)
         if not torch.isfinite(pixels).all():
             cause = (
                 "the latent holds NaN/inf"
@@ -132,9 +145,18 @@ class AutoEncoder(nn.Module):
             raise Flux2Error(f"decoding produced NaN or infinite pixels: {cause}")
         return pixels
 
-    def _decode_whole(self, latent: Tensor) -> Tensor:
+    def _decode_whole(self, latent: Tensor, after: Callable[[int], None] | None = None) -> Tensor:
         z = self.latent_format.from_latent(latent.to(self.device), self.bn)
-        return self.decoder(z.to(self.dtype)).float()
+        return self.decoder(z.to(self.dtype), after).float()
+
+    def decode_work(self, rows: int, cols: int) -> int:
+        """Multiply-adds of decoding one latent of ``rows x cols`` cells: the decoder stages' costs."""
+        patch = self.config.patch  # the decoder sees the unpatchified latent
+        return sum(cost for _, cost in self.decoder.stages(rows * patch, cols * patch))
+
+    def encode_work(self, height: int, width: int) -> int:
+        """Multiply-adds of encoding one ``width x height`` image: the encoder stages' costs."""
+        return sum(cost for _, cost in self.encoder.stages(height, width))
 
     def encode_memory(
         self, height: int, width: int, tile: int | None = None, overlap: int = vae_tiling.DEFAULT_OVERLAP

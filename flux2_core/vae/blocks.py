@@ -8,6 +8,7 @@ shape, read from a checkpoint's tensors.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch.nn.functional as F
@@ -74,12 +75,20 @@ class Encoder(nn.Module):
         self.conv_out = nn.Conv2d(widths[-1], 2 * c.z_channels, 3, padding=1)
         self.quant_conv = nn.Conv2d(2 * c.z_channels, 2 * c.z_channels, 1) if c.quant_conv else nn.Identity()
 
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.conv_in(x)
-        for level in self.down:
-            h = level(h)
-        h = self.conv_out(F.silu(self.norm_out(self.mid(h))))
-        return self.quant_conv(h)  # [B, 2*z, H/8, W/8]
+    def forward(self, x: Tensor, after: Callable[[int], None] | None = None) -> Tensor:
+        """[B, 3, H, W] -> [B, 2*z, H/8, W/8]; ``after(cost)`` runs after each of ``stages``."""
+        return run_stages(self.stages(*x.shape[-2:]), x, after)
+
+    def stages(self, height: int, width: int) -> list[Stage]:
+        """The encoder's work on an image of ``height x width``, in order: conv_in, each level's blocks and
+        downsample, the mid block's three parts, the output convs."""
+        first = (self.conv_in, height * width * _conv_cost(self.conv_in))
+        levels, positions = _level_stages(self.down, height * width)
+        out = positions * (_conv_cost(self.conv_out) + _conv_cost(self.quant_conv))
+        return [first, *levels, *_mid_stages(self.mid, positions), (self._out, out)]
+
+    def _out(self, h: Tensor) -> Tensor:
+        return self.quant_conv(self.conv_out(F.silu(self.norm_out(h))))
 
 
 class Decoder(nn.Module):
@@ -98,10 +107,23 @@ class Decoder(nn.Module):
         self.norm_out = _group_norm(widths[0], c.norm_groups)
         self.conv_out = nn.Conv2d(widths[0], c.out_ch, 3, padding=1)
 
-    def forward(self, z: Tensor) -> Tensor:
-        h = self.mid(self.conv_in(self.post_quant_conv(z)))
-        for level in reversed(self.up):
-            h = level(h)
+    def forward(self, z: Tensor, after: Callable[[int], None] | None = None) -> Tensor:
+        """[B, z, h, w] -> [B, 3, 8h, 8w]; ``after(cost)`` runs after each of ``stages``."""
+        return run_stages(self.stages(*z.shape[-2:]), z, after)
+
+    def stages(self, height: int, width: int) -> list[Stage]:
+        """The decoder's work on a ``height x width`` input, in order: the input convs, the mid block's three
+        parts, each level's blocks and upsample from the deepest level up, the output conv."""
+        positions = height * width
+        first = (self._enter, positions * (_conv_cost(self.post_quant_conv) + _conv_cost(self.conv_in)))
+        levels, full = _level_stages(reversed(self.up), positions)
+        out = (self._out, full * _conv_cost(self.conv_out))
+        return [first, *_mid_stages(self.mid, positions), *levels, out]
+
+    def _enter(self, z: Tensor) -> Tensor:
+        return self.conv_in(self.post_quant_conv(z))
+
+    def _out(self, h: Tensor) -> Tensor:
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
@@ -170,6 +192,55 @@ class Resample(nn.Module):
         if self.up:
             return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
         return self.conv(F.pad(x, (0, 1, 0, 1)))
+
+
+Stage = tuple[Callable[[Tensor], Tensor], int]
+"""One step of an encoder's or decoder's work: what runs, and its multiply-adds for one image (convolutions
+and attention; the norms and activations are left out), which weigh the progress a run reports."""
+
+
+def run_stages(stages: list[Stage], x: Tensor, after: Callable[[int], None] | None = None) -> Tensor:
+    """Run ``stages`` on ``x`` in order, calling ``after(cost)`` after each (it may raise to stop the run).
+    The same operations in the same order as running the modules whole: the result is the same bit for bit."""
+    for run, cost in stages:
+        x = run(x)
+        if after is not None:
+            after(cost)
+    return x
+
+
+def _conv_cost(conv: nn.Module) -> int:
+    """Multiply-adds of a convolution per output position (0 for an Identity)."""
+    if not isinstance(conv, nn.Conv2d):
+        return 0
+    kh, kw = conv.kernel_size
+    return conv.in_channels * conv.out_channels * kh * kw // conv.groups
+
+
+def _resnet_cost(block: ResnetBlock, positions: int) -> int:
+    shortcut = 0 if block.nin_shortcut is None else _conv_cost(block.nin_shortcut)
+    return positions * (_conv_cost(block.conv1) + _conv_cost(block.conv2) + shortcut)
+
+
+def _level_stages(levels, positions: int) -> tuple[list[Stage], int]:
+    """The stages of ``levels`` run in turn from ``positions`` input positions, and the positions after."""
+    stages = []
+    for level in levels:
+        stages += [(block, _resnet_cost(block, positions)) for block in level.block]
+        if level.resample:
+            resample = getattr(level, level.resample)
+            positions = positions * 4 if resample.up else positions // 4
+            stages.append((resample, positions * _conv_cost(resample.conv)))
+    return stages, positions
+
+
+def _mid_stages(mid: nn.Sequential, positions: int) -> list[Stage]:
+    """The mid block's resnet block, attention (four 1x1 convs, and scores and sum over every position
+    pair) and resnet block."""
+    attn = mid.attn_1
+    attention = positions * (4 * _conv_cost(attn.q) + 2 * positions * attn.q.out_channels)
+    return [(mid.block_1, _resnet_cost(mid.block_1, positions)), (attn, attention),
+            (mid.block_2, _resnet_cost(mid.block_2, positions))]  # fmt: skip
 
 
 def _mid_block(ch: int, groups: int) -> nn.Sequential:

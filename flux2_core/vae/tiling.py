@@ -21,6 +21,7 @@ from torch import Tensor
 
 from .. import limits
 from ..errors import Flux2Error
+from .progress import Meter, Progress
 
 TILE_CHOICES = (1024, 768, 512, 384, 256)  # automatic tile sizes in pixels, largest first
 MIN_TILE = 128
@@ -173,9 +174,13 @@ def tiled_encode_memory(vae, height: int, width: int, tile: int, overlap: int = 
     return vae.encode_memory(th, tw) + latent * 2 + vae.config.in_channels * th * tw * itemsize
 
 
-def decode(vae, latent: Tensor, tile_size: int | None, tile_overlap: int, decode_one: Callable) -> Tensor:
-    """Decode ``latent`` in tiles as ``tile_size`` asks, through ``decode_one`` (the untiled decode of a
-    latent piece, returning float32 pixels)."""
+def decode(
+    vae, latent: Tensor, tile_size: int | None, tile_overlap: int, decode_one: Callable,
+    progress: Progress | None = None,
+) -> Tensor:  # fmt: skip
+    """Decode ``latent`` in tiles as ``tile_size`` asks, through ``decode_one(piece, after)`` (the untiled
+    decode of a latent piece, returning float32 pixels, ``after(cost)`` called after each decoder stage);
+    ``progress`` as ``vae.progress`` says."""
     rows, cols = latent.shape[-2:]
     height, width = rows * vae.downscale, cols * vae.downscale
     return _tiled(
@@ -183,28 +188,34 @@ def decode(vae, latent: Tensor, tile_size: int | None, tile_overlap: int, decode
         vae.config.out_ch,
         lambda: vae.decode_memory(height, width),
         lambda t: tiled_decode_memory(vae, height, width, t, tile_overlap),
+        vae.decode_work, progress,
     )  # fmt: skip
 
 
-def encode(vae, pixels: Tensor, tile_size: int | None, tile_overlap: int, encode_one: Callable) -> Tensor:
-    """Encode ``pixels`` in tiles as ``tile_size`` asks, through ``encode_one`` (the untiled encode of a
-    pixel piece to the float32 latent)."""
+def encode(
+    vae, pixels: Tensor, tile_size: int | None, tile_overlap: int, encode_one: Callable,
+    progress: Progress | None = None,
+) -> Tensor:  # fmt: skip
+    """Encode ``pixels`` in tiles as ``tile_size`` asks, through ``encode_one(piece, after)`` (the untiled
+    encode of a pixel piece to the float32 latent, ``after(cost)`` called after each encoder stage)."""
     height, width = pixels.shape[-2:]
     return _tiled(
         vae, encode_one, pixels, (height, width), tile_size, tile_overlap, (vae.downscale, 1),
         vae.latent_channels,
         lambda: vae.encode_memory(height, width),
         lambda t: tiled_encode_memory(vae, height, width, t, tile_overlap),
+        vae.encode_work, progress,
     )  # fmt: skip
 
 
 def _tiled(
-    vae, run, source, size, tile_size, overlap, scales, channels, whole_memory, tiled_memory
+    vae, run, source, size, tile_size, overlap, scales, channels, whole_memory, tiled_memory, work, progress
 ) -> Tensor:
     """``run`` on the whole of ``source`` or on blended tiles of it, as ``tile_size`` and the free memory say.
 
     ``size`` is the image's (height, width) in pixels; ``scales`` the samples per latent cell of the source
-    and of the result; the memory callables give one image's bytes (untiled, and tiled with a given tile).
+    and of the result; the memory callables give one image's bytes (untiled, and tiled with a given tile);
+    ``work(h, w)`` the stage costs' sum on a source piece of ``h x w`` samples, which ``progress`` counts.
     """
     factor, batch = vae.downscale, source.shape[0]
     check_tiling(tile_size, overlap, factor)
@@ -215,10 +226,24 @@ def _tiled(
         lambda t: tiled_memory(t) * batch,
         free_bytes(vae.device),
     )
-    if tile is None:
-        return run(source)
+    meter = None if progress is None else Meter(progress)
+    after = None if meter is None else meter.advance
     cells = (size[0] // factor, size[1] // factor)
-    return blend_tiles(run, source, cells, tile // factor, overlap // factor, *scales, channels, vae.device)
+    if tile is None:
+        if meter is not None:
+            meter.begin(work(*source.shape[-2:]))
+        result = run(source, after)
+    else:
+        t, o, scale = tile // factor, overlap // factor, scales[0]
+        if meter is not None:  # every tile has the same size: the tiles cover the image, none passes its edge
+            tiles = len(tile_starts(cells[0], t, o)) * len(tile_starts(cells[1], t, o))
+            meter.begin(tiles * work(min(t, cells[0]) * scale, min(t, cells[1]) * scale))
+        result = blend_tiles(
+            lambda piece: run(piece, after), source, cells, t, o, *scales, channels, vae.device
+        )
+    if meter is not None:
+        meter.end()
+    return result
 
 
 def _smooth_ramp(n: int) -> Tensor:

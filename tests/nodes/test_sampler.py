@@ -10,6 +10,8 @@ from klein_nodes import TEXT_WIDTH, core_module, image, run_sampler
 
 def test_end_to_end_chain(nodes, loaded, host):
     (refs,) = nodes["Flux2KleinReferenceEncode"].execute(loaded["vae"], image(64, 64))
+    assert host.progress[0][:2] == (0, 1000) and host.progress[-1][:2] == (1000, 1000)  # the encode's bar
+    host.progress.clear()
     samples = run_sampler(nodes, loaded, references=refs, steps=3, width=64, height=80)
     assert samples.shape == (1, 128, 5, 4) and samples.dtype == torch.float32 and samples.device.type == "cpu"
     assert torch.isfinite(samples).all()

@@ -90,7 +90,7 @@ def test_interrupt_is_checked_before_each_reference():
     encoded = []
 
     class RecordingVAE:
-        def encode(self, pixels):
+        def encode(self, pixels, **options):
             encoded.append(pixels.shape)
             return torch.zeros(1, 128, pixels.shape[-2] // 16, pixels.shape[-1] // 16)
 

@@ -181,7 +181,7 @@ def test_tiled_decode_peak_memory_is_a_small_fraction():
 def test_automatic_mode_tiles_only_when_memory_is_short(vae, monkeypatch):
     calls = []
 
-    def decode_whole(x):  # records the pieces decoded, without decoding
+    def decode_whole(x, after=None):  # records the pieces decoded, without decoding
         calls.append(tuple(x.shape[-2:]))
         return torch.zeros(x.shape[0], 3, 16 * x.shape[-2], 16 * x.shape[-1])
 
