@@ -47,7 +47,7 @@ from .dit.extrapolation import METHODS as EXTRAPOLATION_METHODS
 from .dit.files import load_transformer
 from .dit.kv_cache import RefKVCache
 from .dit.step_cache import MAX_STEP_CACHE, STEP_CACHE_HELP, StepCache
-from .dit.transformer import REGIONS_AND_REFERENCES, Flux2Model, Flux2Transformer, compile_blocks
+from .dit.transformer import Flux2Model, Flux2Transformer, compile_blocks
 from .editing import Stitch, composite, latent_mask, outpaint_canvas, prepare_inpaint
 from .errors import Flux2Error, OutOfMemory
 from .flow import make_noise
@@ -178,7 +178,6 @@ __all__ = [
     "Region",
     "RegionalPrompt",
     "regional_plan",
-    "REGIONS_AND_REFERENCES",
     "at_step",
     "step_of",
     "VARIANTS",
@@ -238,8 +237,8 @@ __all__ = [
     "load_text_encoder",
     "load_transformer",
     "load_transformer_parallel",
-    "split_progress",
     "load_vae",
+    "split_progress",
     "make_noise",
     "outpaint_canvas",
     "parse_devices",

@@ -20,7 +20,7 @@ import torch
 from .configs import FLUX2, TEXT_ENCODER_FOR_CONTEXT
 from .denoiser import PROMPTS_FOR_BATCH, Flux2Denoiser
 from .devices.streaming import streamer_of
-from .dit.call import REGIONS_AND_REFERENCES, call_extras
+from .dit.call import call_extras
 from .dit.control import Flux2ControlNet, hint_bytes
 from .dit.extrapolation import PositionExtrapolation
 from .dit.kv_cache import RefKVCache
@@ -83,9 +83,10 @@ def estimate_memory(
     control: Flux2ControlNet | None = None,
 ) -> int:
     """Rough peak bytes of activations (plus the KV cache, plus the device copies of streamed blocks, plus a
-    regional prompt's longer text and its grouped attention's gathers, plus a control net's hints and its
-    streamed blocks' copies) for one sampling run of a loaded model; ``references`` may also be just their
-    number of tokens, ``regions`` just its prompts' token counts (the global prompt's first)."""
+    regional prompt's longer text and its grouped attention's gathers, the references' tokens among them,
+    plus a control net's hints and its streamed blocks' copies) for one sampling run of a loaded model;
+    ``references`` may also be just their number of tokens, ``regions`` just its prompts' token counts (the
+    global prompt's first)."""
     num_ref = references if isinstance(references, int) else (references.num_tokens if references else 0)
     streamer = streamer_of(model.transformer)
     streamed = streamer.working_bytes if streamer is not None else 0
@@ -94,7 +95,7 @@ def estimate_memory(
     if regions is not None:
         counts = regions.token_counts if isinstance(regions, RegionalPrompt) else regions
         text, mask = regional_cost(
-            counts, settings.grid, model.config.hidden_size, dtype.itemsize, settings.batch_size
+            counts, settings.grid, model.config.hidden_size, dtype.itemsize, settings.batch_size, num_ref
         )
     activations = sampling_memory(model.config, model.variant, dtype, settings, num_ref, text)
     tokens = settings.batch_size * (text + settings.grid[0] * settings.grid[1] + num_ref)
@@ -218,8 +219,6 @@ class SampleRequest:
             if self.control.strength:
                 check_steps_reached("the control", self.control.start, self.control.end, run, steps)
         if self.regions is not None:
-            if self.references is not None and len(self.references):
-                raise Flux2Error(REGIONS_AND_REFERENCES)
             if self.regions.global_embeds is not self.positive:
                 raise Flux2Error("a regional request's positive conditioning is its global prompt's: pass it")
             for region in self.regions.regions:

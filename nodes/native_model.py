@@ -32,7 +32,6 @@ import torch
 
 from ..flux2_core import (
     FLUX2,
-    REGIONS_AND_REFERENCES,
     Flux2Error,
     ReferenceLatents,
     ReferenceStrength,
@@ -83,9 +82,7 @@ class NativeDiT(torch.nn.Module):
             )
         model = self.klein.core
         regions, mask = kwargs.get(REGIONAL_PROMPT), None
-        if regions is not None:
-            if ref_latents:
-                raise Flux2Error(REGIONS_AND_REFERENCES)
+        if regions is not None:  # with references too: the DiT places them in the mask
             context, mask = self._regional(model, regions, x)
         bias = None
         strengths = kwargs.get(REFERENCE_STRENGTHS)

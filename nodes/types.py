@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from ..flux2_core import (
-    REGIONS_AND_REFERENCES,
     AutoEncoder,
     ControlSource,
     FillTextEncoder,
@@ -128,8 +127,6 @@ class KleinConditioning:
             )
         options = {"pooled_output": None}
         if self.regions is not None:
-            if references is not None and len(references):
-                raise Flux2Error(REGIONS_AND_REFERENCES)
             options[REGIONAL_PROMPT] = self.regions
         if references is not None and len(references):
             options["reference_latents"] = references.latents()

@@ -28,7 +28,7 @@ from ..devices.streaming import disable_streaming, enable_streaming, streamed_de
 from ..dit.extrapolation import position_extrapolation
 from ..dit.files import DIT_SPEC, transformer_variant
 from ..dit.step_cache import check_threshold
-from ..dit.transformer import REGIONS_AND_REFERENCES, Flux2Model, compile_blocks
+from ..dit.transformer import Flux2Model, compile_blocks
 from ..errors import Flux2Error
 from ..limits import MAX_FILL_GUIDANCE, MAX_GUIDANCE, check_request, check_seed
 from ..lora import prepare_lora
@@ -145,14 +145,6 @@ def check_arguments(args: argparse.Namespace, fill: bool, ranks: Ranks) -> Reque
     strengths = inputs.reference_strengths(args.reference_strength, len(args.reference))
     if not args.prompt and not args.region:
         raise Flux2Error("give a prompt: --prompt TEXT (or --region PROMPT MASK for regional prompts)")
-    if args.region and args.reference:
-        raise Flux2Error(REGIONS_AND_REFERENCES.replace("the regions", "the --region options"))
-    if args.region and (args.mask is not None or args.outpaint is not None):
-        raise Flux2Error(
-            "--region cannot be combined with --mask or --outpaint: the picture they repaint is a reference "
-            "image, and regional prompts and reference images cannot be combined; with --region, use --image "
-            "with --strength (img2img), or leave --region out"
-        )
     regions = inputs.read_regions(args.region)
     images = [inputs.open_image(p) for p in args.reference]
     sizes = [processed_size(*inputs.image_size(image), max_pixels) for image in images]
@@ -233,7 +225,7 @@ def plan(request: Request, ranks: Ranks) -> Plan:
     if request.regions:  # every prompt is 512 tokens; what the grouped attention gathers over them
         counts = [FLUX2.max_text_tokens] * ((1 if args.prompt else 0) + len(request.regions))
         text, mask = regional_cost(
-            counts, settings.grid, config.hidden_size, dtype.itemsize, settings.batch_size
+            counts, settings.grid, config.hidden_size, dtype.itemsize, settings.batch_size, num_ref_tokens
         )
         activations = sampling_memory(config, variant, dtype, settings, num_ref_tokens, text) + mask
     in_ram = None

@@ -29,9 +29,9 @@ from ..configs import Flux2Config, Variant
 from ..errors import STREAM_AND_COMPILE, Flux2Error
 from ..hooks import weight_mover
 from ..ops import Linear
-from .attention import GroupedMask, attention_bias
+from .attention import GroupedMask, KeyGroup, attention_bias
 from .block_ops import ops_for
-from .call import NO_EXTRAS, REGIONS_AND_REFERENCES, CallExtras, check_extras  # noqa: F401  (importable here)
+from .call import NO_EXTRAS, CallExtras, RegionalMask, check_extras
 from .comm import LOCAL
 from .kv_cache import RefKVCache
 from .layers import (
@@ -197,7 +197,10 @@ class Flux2Transformer(DiT):
         tokens, or, for the KV model's cache, spliced in after the text); additive in ``like``'s dtype, on its
         device."""
         values = extras.regions
-        refs = extras.reference_bias if extras.references is not None or extras.kv_cache is not None else None
+        referenced = extras.references is not None or extras.kv_cache is not None
+        refs = extras.reference_bias if referenced else None
+        if referenced and isinstance(values, RegionalMask):
+            return self._regional_bias(extras, values, num_txt, tokens).to(like.device, like.dtype)
         if refs is not None and extras.kv_cache is not None:
             zeros = refs.new_zeros
             values = torch.cat([zeros(num_txt), refs, zeros(tokens - num_txt)])
@@ -214,6 +217,28 @@ class Flux2Transformer(DiT):
             return None
         values = values.to(like.device) if values.dtype == torch.bool else values.to(like.device, like.dtype)
         return attention_bias(values)
+
+    def _regional_bias(self, extras: CallExtras, mask: RegionalMask, num_txt: int, tokens: int):
+        """The regional mask of a call with references (``RegionalMask.with_references``), its queries and
+        keys placed where attention sees them: the references after the image (plain klein: one sequence of
+        ``tokens``, reordered as ``comm.arrange_keys`` orders its keys), or the 9B-KV model's cached keys
+        spliced in after this process's ``num_txt`` text keys, its queries the ``tokens`` of text and
+        image. A ``GroupedMask``."""
+        cached = extras.kv_cache is not None
+        count = extras.kv_cache.num_tokens if cached else extras.references[0].shape[1]
+        whole = mask.with_references(count, extras.reference_bias, cached)
+        order = self.comm.arrange_keys(torch.arange(tokens, dtype=torch.float32)).long()
+        if not cached:
+            return whole.arranged(order)
+        place = torch.empty_like(order)
+        place[order] = torch.arange(order.numel())  # each token's place among the gathered queries
+        keys = torch.cat([place + count * (place >= num_txt), torch.arange(num_txt, num_txt + count)])
+        groups = []
+        for g in whole.groups:
+            placed, turn = keys[g.keys].sort()  # ascending in their places, each with its bias
+            bias = None if g.bias is None else g.bias[turn]
+            groups.append(KeyGroup(place[g.queries], placed, bias))
+        return GroupedMask(whole.length, tuple(groups))
 
 
 @dataclass

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..dit.attention import GroupedMask, KeyGroup
+from ..dit.attention import KeyGroup
+from ..dit.call import RegionalMask
 from ..errors import Flux2Error
 from .reference_strength import check_strength
 
@@ -90,14 +91,20 @@ class RegionalPrompt:
 
 
 def regional_cost(
-    text_tokens: list[int], grid: tuple[int, int], hidden: int, itemsize: int, batch: int = 1
+    text_tokens: list[int],
+    grid: tuple[int, int],
+    hidden: int,
+    itemsize: int,
+    batch: int = 1,
+    ref_tokens: int = 0,
 ) -> tuple[int, int]:
     """(text tokens of the joined prompts, bytes the grouped attention gathers at once) at ``grid``, from the
-    prompts' token counts (the global prompt's first; 0 for none) before any mask is read: the most a run can
-    need. The largest gathers are one group's keys and values (at most every token) and its queries and
-    output (at most every image token), ``hidden`` wide."""
+    prompts' token counts (the global prompt's first; 0 for none) and the references' tokens before any mask
+    is read: the most a run can need. The largest gathers are one group's keys and values (at most every
+    token, the references' included) and its queries and output (at most every image token, or every
+    reference token: the references' own group), ``hidden`` wide."""
     n_img = grid[0] * grid[1]
-    gathered = 2 * (sum(text_tokens) + n_img) + 2 * n_img
+    gathered = 2 * (sum(text_tokens) + n_img + ref_tokens) + 2 * max(n_img, ref_tokens)
     return sum(text_tokens), batch * gathered * hidden * itemsize
 
 
@@ -109,7 +116,8 @@ def latent_region_mask(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
 
 def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
     """(the joined text conditioning [B, T, C], the attention mask over ``[text; image]`` as a
-    ``GroupedMask``, or None when the run is a plain one).
+    ``RegionalMask``, or None when the run is a plain one). A call with references extends it over them
+    (``RegionalMask.with_references``: the rule with references is in the module docstring).
 
     The mask comes factored: the global prompt's text is one group of queries (keys: itself and every image
     token), each region's text another (itself and the image tokens inside its mask), and the image tokens
@@ -162,4 +170,5 @@ def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
                 bias.append(torch.full((span.numel(),), math.log(region.strength)))
         keys, bias = torch.cat([*keys, image]), torch.cat([*bias, torch.zeros(image.numel())])
         groups.append(KeyGroup(image[which == n], keys, None if bool((bias == 0).all()) else bias.to(dtype)))
-    return context, GroupedMask(num_txt + image.numel(), tuple(groups)).to(device)
+    on_device = RegionalMask(num_txt + image.numel(), tuple(groups)).to(device)
+    return context, RegionalMask(on_device.length, on_device.groups, num_txt, t0)

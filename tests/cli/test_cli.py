@@ -309,12 +309,9 @@ def test_regions_on_the_command_line(files, tmp_path):
     assert code == 0 and out.exists()
 
 
-def test_regions_without_any_prompt_or_with_references_are_refused(files, tmp_path, caplog):
+def test_no_prompt_at_all_is_refused(files, tmp_path, caplog):
+    # (--region with --reference, --mask or --outpaint: tests/cli/test_cli_regional_edit.py)
     assert _run(files, tmp_path, prompt=None)[0] == 2 and "give a prompt" in caplog.text
-    code, _ = _run(
-        files, tmp_path, "--region", "a", _mask(tmp_path, "m.png", True), "--reference", _reference(tmp_path)
-    )
-    assert code == 2 and "regional prompts and reference images cannot be combined" in caplog.text
 
 
 def test_regions_that_cannot_run_are_refused_before_a_file_is_resolved(files, tmp_path, caplog, monkeypatch):
@@ -333,12 +330,6 @@ def test_regions_that_cannot_run_are_refused_before_a_file_is_resolved(files, tm
         code, _ = _run(files, tmp_path, *size, "--region", "a cat", str(mask), prompt=None)
         assert code == 2 and "every --region mask is empty at 64x64" in caplog.text
         assert "or give a global --prompt" in caplog.text
-    # the picture an inpaint or outpaint repaints is a reference: refused at once, with the img2img way out
-    image, region = _reference(tmp_path), ["--region", "a", _mask(tmp_path, "l.png", True)]
-    for extra in (["--mask", _mask(tmp_path, "m.png", True)], ["--outpaint", "0,0,16,0"]):
-        caplog.clear()
-        code, _ = _run(files, tmp_path, "--image", image, *extra, *region)
-        assert code == 2 and "--region cannot be combined with --mask or --outpaint" in caplog.text
     caplog.clear()
     code, _ = _run(files, tmp_path, *size, "--region", "a", str(tmp_path / "missing.png"), prompt=None)
     assert code == 2 and "missing.png" in caplog.text and "(white = the region)" in caplog.text

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flux2_core.configs import Flux2Config
-from flux2_core.dit.call import REGIONS_AND_REFERENCES, CallExtras, call_extras
+from flux2_core.dit.call import UNPLACED_REFERENCES, CallExtras, call_extras
 from flux2_core.dit.control import Control
 from flux2_core.dit.extrapolation import KV_AND_EXTRAPOLATION, PositionExtrapolation
 from flux2_core.dit.kv_cache import RefKVCache
@@ -41,10 +41,10 @@ def test_the_builder_resolves_extrapolation_at_the_calls_noise_level():
 
 
 def test_the_record_refuses_what_cannot_go_together():
-    mask = torch.ones(4, 4, dtype=torch.bool)
-    with pytest.raises(Flux2Error, match="cannot be combined") as refused:
+    mask = torch.ones(4, 4, dtype=torch.bool)  # a mask that cannot say which text the references read
+    with pytest.raises(Flux2Error, match="does not say which text the references may read") as refused:
         CallExtras(references=REFS, regions=mask)
-    assert str(refused.value) == REGIONS_AND_REFERENCES
+    assert str(refused.value) == UNPLACED_REFERENCES
     with pytest.raises(Flux2Error, match="position extrapolation"):
         call_extras(
             kv_cache=RefKVCache(1, 1), extrapolation=PositionExtrapolation(256), sigma=1.0, grid=(8, 24)

@@ -1,7 +1,7 @@
 """Under ``torch.compile`` the DiT is one graph: no graph break in float32 on the CPU, nor on the path a GPU
 takes (the reference ops, bfloat16), with or without references, the 9B-KV cache, reference strengths or a
-regional mask. The RoPE table, the attention kernel and the ops are chosen in plain PyTorch inside the call,
-and nothing in it reads a clock or a Python-side cache."""
+regional mask (also with references or the cache). The RoPE table, the attention kernel and the ops are
+chosen in plain PyTorch inside the call, and nothing in it reads a clock or a Python-side cache."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from flux2_core.configs import Flux2Config
 from flux2_core.dit import block_ops
 from flux2_core.dit.attention import GroupedMask, KeyGroup
-from flux2_core.dit.call import CallExtras
+from flux2_core.dit.call import CallExtras, RegionalMask
 from flux2_core.dit.rope import image_ids, reference_ids
 from flux2_core.dit.transformer import Flux2Transformer
 
@@ -41,14 +41,36 @@ def _extras(name: str, net: Flux2Transformer, dtype) -> CallExtras:
         return CallExtras(kv_cache=net.encode_reference_kv(ref, ref_ids))
     tokens = T + GRID[0] * GRID[1]
     text, image = torch.arange(T), torch.arange(T, tokens)
-    groups = (KeyGroup(text, torch.cat([text, image])), KeyGroup(image, None))
-    return CallExtras(regions=GroupedMask(tokens, groups))
+    if name == "regions":
+        groups = (KeyGroup(text, torch.cat([text, image])), KeyGroup(image, None))
+        return CallExtras(regions=GroupedMask(tokens, groups))
+    # a global prompt of 3 tokens, a region's 4 over the first half of the image
+    glob, region, inside = text[:3], text[3:], image[: image.numel() // 2]
+    groups = (
+        KeyGroup(glob, torch.cat([glob, image])),
+        KeyGroup(region, torch.cat([region, inside])),
+        KeyGroup(inside, torch.cat([text, image])),
+        KeyGroup(image[image.numel() // 2 :], torch.cat([glob, image])),
+    )
+    mask = RegionalMask(tokens, groups, T, 3)
+    bias = torch.full((8,), -0.7, dtype=dtype)
+    if name == "regions with the kv cache":
+        return CallExtras(kv_cache=net.encode_reference_kv(ref, ref_ids), reference_bias=bias, regions=mask)
+    return CallExtras(references=(ref, ref_ids), reference_bias=bias, regions=mask)
 
 
 CASES = [
     *[
         ("cpu float32", case)
-        for case in ("plain", "references", "reference strengths", "kv cache", "regions")
+        for case in (
+            "plain",
+            "references",
+            "reference strengths",
+            "kv cache",
+            "regions",
+            "regions with references",
+            "regions with the kv cache",
+        )
     ],
     *[("gpu form (plain ops, bfloat16)", case) for case in ("plain", "references")],
 ]

@@ -79,3 +79,33 @@ def test_regional_prompts_chain_and_sample(nodes, loaded, Flux2Error):
         regional.execute(two, left)
     with pytest.raises(Flux2Error, match="the negative prompt cannot be regional"):
         run_sampler(nodes, loaded, negative=two, guidance=4.0)
+
+
+def test_regional_prompts_and_references_wired_into_one_sampler(nodes, loaded):
+    regional, encode = nodes["Flux2KleinRegionalPrompt"], nodes["Flux2KleinTextEncode"]
+    references = nodes["Flux2KleinReferenceEncode"].execute
+    (cat,) = encode.execute(loaded["encoder"], "a cat")
+    left = torch.zeros(1, 64, 64)
+    left[:, :, :32] = 1
+    (half,) = regional.execute(cat, left, conditioning=loaded["positive"])
+    (refs,) = references(loaded["vae"], image(64, 64, seed=3))
+    (off,) = references(loaded["vae"], image(64, 64, seed=3), strength=0.0)
+    edit = run_sampler(nodes, loaded, references=refs)
+    regional_edit = run_sampler(nodes, loaded, positive=half, references=refs)
+    assert torch.isfinite(regional_edit).all() and not torch.equal(regional_edit, edit)
+    # the exact cases: every reference at 0 is the regional run; an empty region is the plain edit
+    assert torch.equal(
+        run_sampler(nodes, loaded, positive=half, references=off), run_sampler(nodes, loaded, positive=half)
+    )
+    (empty,) = regional.execute(cat, torch.zeros(1, 64, 64), conditioning=loaded["positive"])
+    assert torch.equal(run_sampler(nodes, loaded, positive=empty, references=refs), edit)
+    # base CFG (the negative pass plain, with the references, as in an edit) and the 9B-KV model
+    (base,) = nodes["Flux2KleinModelLoader"].execute("klein_tiny_base.safetensors", "auto")
+    (kv,) = nodes["Flux2KleinModelLoader"].execute("klein_tiny.safetensors", "kv")
+    for model, extra in ((base, dict(negative=loaded["negative"], guidance=3.0)), (kv, {})):
+        plain = run_sampler(nodes, loaded, model=model, references=refs, **extra)
+        got = run_sampler(nodes, loaded, model=model, positive=half, references=refs, **extra)
+        assert torch.isfinite(got).all() and not torch.equal(got, plain)
+        assert torch.equal(
+            run_sampler(nodes, loaded, model=model, positive=empty, references=refs, **extra), plain
+        )

@@ -10,6 +10,8 @@ written out here from the FLUX.2 conventions (text (0, 0, 0, i); image (0, r, c,
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from tiny_dit import make_diffusers_dit, write_bfl_file
@@ -104,8 +106,45 @@ def test_a_regional_prompt_survives_the_round_trip_through_native_conditioning(f
     back = fake_pack.nodes.native.from_native(native_cond)
     assert back.regions is regions and back.embeds is glob
     refs = core.ReferenceLatents.from_latents([torch.zeros(1, 128, 2, 2)])
-    with pytest.raises(core.Flux2Error, match="regional prompts and reference images cannot be combined"):
-        ours.to_native(refs)
+    refs = refs.with_strength(core.ReferenceStrength(0.5))
+    both = ours.to_native(refs)[0][1]  # regions and references travel together
+    assert both[types.REGIONAL_PROMPT] is regions and len(both["reference_latents"]) == 1
+    assert both[types.REFERENCE_STRENGTHS] == refs.strengths
+
+
+@pytest.mark.parametrize("variant", ["distilled", "kv"])
+def test_our_native_model_runs_regions_with_references_as_our_sampler_calls_the_dit(
+    fake_pack, tmp_path, variant
+):
+    # the call native samplers make (native_model.NativeDiT) against the DiT called with the record our
+    # sampler's denoiser builds: the joined prompts under the regional mask, the references at their strength
+    core, native_model, types = fake_pack.flux2_core, fake_pack.nodes.native_model, fake_pack.nodes.types
+    path = write_bfl_file(make_diffusers_dit(seed=3), tmp_path / "dit.safetensors")
+    model = core.load_transformer(path, variant=variant)
+    g = torch.Generator().manual_seed(1)
+    glob, region = torch.randn(1, 9, 24, generator=g), torch.randn(1, 5, 24, generator=g)
+    left = torch.zeros(48, 64)
+    left[:, :32] = 1
+    regions = core.RegionalPrompt(glob, (core.Region(region, left, 2.0),))
+    latents = [torch.randn(1, 128, 2, 3, generator=g)]
+    strengths = (core.ReferenceStrength(0.5),)
+    x, sigma = torch.randn(2, 128, 3, 4, generator=g), torch.tensor([0.8, 0.8])
+    dit = native_model.NativeDiT(types.KleinModel(model, None), fake_pack.nodes.kv_store.KV_STORE)
+    options = {types.REGIONAL_PROMPT: regions, types.REFERENCE_STRENGTHS: strengths}
+    with torch.inference_mode():
+        got = dit._forward(x, sigma, glob.expand(2, -1, -1), ref_latents=latents, transformer_options={},
+                           **options)  # fmt: skip
+    context, mask = core.regional_plan(regions, (3, 4), torch.float32, "cpu")
+    refs = core.ReferenceLatents.from_latents(latents)
+    kv = model.transformer.encode_reference_kv(refs.tokens, refs.ids) if variant == "kv" else None
+    bias = torch.full((refs.num_tokens,), math.log(0.5))
+    want = core.latent_velocity(
+        model, x, sigma, context.expand(2, -1, -1), latents, kv_cache=kv, ref_bias=bias, attn_mask=mask
+    )
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    plain = core.latent_velocity(model, x, sigma, glob.expand(2, -1, -1), latents, kv_cache=kv, ref_bias=bias)
+    alone = core.latent_velocity(model, x, sigma, context.expand(2, -1, -1), attn_mask=mask)
+    assert (got - plain).abs().mean() > 1e-3 and (got - alone).abs().mean() > 1e-3
 
 
 def test_a_regional_conditioning_changed_by_native_nodes_is_not_replaced_by_its_regions(fake_pack):

@@ -1,6 +1,6 @@
 """Regional prompts (flux2_core/steering/regions.py): the mask against the rule written out by hand, one
 attention call against the formula, the exact cases against diffusers and our own plain runs, CFG's
-unmasked negative pass, and the refusals."""
+unmasked negative pass, and the refusals (with references: ``test_regional_edit.py``)."""
 
 import math
 
@@ -17,7 +17,6 @@ from flux2_core.dit.files import load_transformer
 from flux2_core.dit.layers import BlockCall
 from flux2_core.dit.rope import rotation_table
 from flux2_core.errors import Flux2Error
-from flux2_core.references import ReferenceLatents
 from flux2_core.sampling import SampleRequest, SampleSettings, sample
 from flux2_core.steering.regions import Region, RegionalPrompt, latent_region_mask, regional_plan
 from flux2_core.vae.autoencoder import load_vae
@@ -206,16 +205,6 @@ def test_the_negative_pass_stays_unmasked(model, monkeypatch):
     )
     sample(request)
     assert [m is not None for m in masks] == [True, False] * 2  # positive (masked), negative: every step
-
-
-def test_regions_and_references_are_refused_together(model):
-    dit = load_transformer(model["path"], variant="distilled")
-    glob = _embeds(23)
-    refs = ReferenceLatents.from_latents([torch.randn(1, 128, 4, 4)])
-    with pytest.raises(Flux2Error, match="regional prompts and reference images cannot be combined"):
-        SampleRequest(
-            dit, glob, SETTINGS, references=refs, regions=RegionalPrompt(glob, (Region(_embeds(1), LEFT),))
-        )
 
 
 def test_regions_from_another_text_encoder_are_named_as_such(model):
