@@ -25,8 +25,9 @@ class Flux2KleinRegionalPrompt(io.ComfyNode):
             description=(
                 "Puts a prompt into one part of the picture: the region's text reaches only the image inside "
                 "its mask, and that image reads it. Chain several onto a global prompt (which the whole "
-                "picture reads); the FLUX.2 Sampler joins them. Regions cannot be combined with references; "
-                "the negative prompt stays one plain prompt."
+                "picture reads); the FLUX.2 Sampler joins them. Reference images work with regions: the "
+                "whole picture reads them, and they read no region's prompt. The negative prompt stays one "
+                "plain prompt."
             ),
             inputs=[
                 sockets.Conditioning.Input("region", tooltip="The region's prompt, from FLUX.2 Text Encode."),
