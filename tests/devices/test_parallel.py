@@ -267,6 +267,16 @@ def _regional_inputs():
     return ctx, RegionalPrompt(ctx, regions)
 
 
+REGIONAL_EDITS = ("distilled", "kv")  # regions with references, the plain klein model and the 9B-KV one
+
+
+def _regional_edit_inputs(root: Path):
+    """The regional prompt of ``_regional_inputs`` with the two references of the "strength" cases (at 0.5,
+    and at 2 for the first half of the steps): 17 text, 20 image and 17 reference tokens."""
+    ctx, regions = _regional_inputs()
+    return ctx, regions, _inputs(root, "strength-tensor")[1]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -328,6 +338,13 @@ def _worker(rank: int, root: str, port: int) -> None:
             ctx, regions = _regional_inputs()
             latents = sample(SampleRequest(model, ctx, _settings("klein-tensor"), regions=regions))
             np.save(root / f"regional-{mode}.rank{rank}.npy", latents.numpy())
+            for variant in REGIONAL_EDITS:  # with references: the mask's reference keys travel too
+                model = load_transformer_parallel(root / "flux-2-klein-4b.safetensors", mode, variant)
+                ctx, regions, refs = _regional_edit_inputs(root)
+                latents = sample(
+                    SampleRequest(model, ctx, _settings("klein-tensor"), references=refs, regions=regions)
+                )
+                np.save(root / f"regional-edit-{variant}-{mode}.rank{rank}.npy", latents.numpy())
         report["int8-convrot16"] = _int8_slices(root / "klein-int8-convrot16.safetensors", dist)
         for case, (file, mode, _) in REFUSED.items():
             try:
@@ -524,3 +541,18 @@ def test_regional_prompts_in_parallel_equal_one_process(runs, mode):
     got = [np.load(root / f"regional-{mode}.rank{r}.npy") for r in range(WORLD)]
     assert np.array_equal(got[0], got[1]), "the ranks disagree"
     np.testing.assert_allclose(got[0], expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("variant", REGIONAL_EDITS)
+@pytest.mark.parametrize("mode", ["tensor", "sequence"])
+def test_regional_prompts_with_references_in_parallel_equal_one_process(runs, mode, variant):
+    root, _ = runs
+    model = load_transformer(root / "flux-2-klein-4b.safetensors", variant)
+    ctx, regions, refs = _regional_edit_inputs(root)
+    settings = _settings("klein-tensor")
+    expected = sample(SampleRequest(model, ctx, settings, references=refs, regions=regions)).numpy()
+    got = [np.load(root / f"regional-edit-{variant}-{mode}.rank{r}.npy") for r in range(WORLD)]
+    assert np.array_equal(got[0], got[1]), "the ranks disagree"
+    np.testing.assert_allclose(got[0], expected, atol=1e-5, rtol=0)
+    without = sample(SampleRequest(model, ctx, settings, regions=regions)).numpy()
+    assert np.abs(expected - without).mean() > 1e-3, "the references barely change the regional run"
