@@ -156,3 +156,34 @@ def test_regions_outpaint_with_the_picture_as_reference_one(files, tmp_path):
     got, kept = np.asarray(Image.open(out)).astype(int), np.asarray(Image.open(picture)).astype(int)
     assert got.shape == (64, 128, 3) and np.array_equal(got[:, :64], kept[:, :64])
     assert np.abs(got[:, 96:] - np.asarray(Image.open(plain)).astype(int)[:, 96:]).mean() > 1.0
+
+
+def test_the_memory_check_counts_the_references_in_the_regional_mask(files, monkeypatch):
+    # the activations the command line checks before loading: with regions, the grouped attention gathers
+    # the references' keys too (and the references' own queries)
+    import flux2_core.cli.run as run
+    from flux2_core.dit.files import load_transformer
+    from flux2_core.errors import Flux2Error
+    from flux2_core.steering.regions import regional_cost
+
+    seen = []
+
+    def stop(device, dit_bytes, te_bytes, activations, *rest):
+        seen.append(activations)
+        raise Flux2Error("stopped after the memory check")
+
+    monkeypatch.setattr(run.inputs, "check_memory", stop)
+    region = ["--region", REGION, str(files["masks"]["half"])]
+    p = files["paths"]
+    for extra, refs in (([], True), (region, True), ([], False), (region, False)):
+        argv = _models(files) + ["--prompt", GLOBAL, *SIZE, "--output", "unused.png", *extra]
+        for image in files["images"] if refs else ():
+            argv += ["--reference", str(image)]
+        assert main(argv) == 2
+    edit, regional_edit, plain, regional = seen
+    hidden = load_transformer(p["model"]).config.hidden_size
+    ref_tokens = (64 * 64 + 64 * 80) // 256
+    gathered = [regional_cost([512, 512], (4, 6), hidden, 4, 1, n)[1] for n in (ref_tokens, 0)]
+    assert gathered[0] > gathered[1]
+    # the rest grows by the same rows per token with or without regions
+    assert (regional_edit - edit) - (regional - plain) == gathered[0] - gathered[1]
