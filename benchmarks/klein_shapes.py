@@ -53,12 +53,11 @@ def our_dit(args, dtype, device):
     return load_checkpoint(DIT_SPEC, Checkpoint(Path("bench"), reference.state_dict()), dtype, device).module
 
 
-def in_turn(calls: dict, repeats: int, device: torch.device) -> tuple[dict, dict]:
+def in_turn(calls: dict, repeats: int, device: torch.device, clock=time.perf_counter) -> tuple[dict, dict]:
     """Each zero-argument call once to warm up, then ``repeats`` rounds, one call of each in turn (so a
-    machine's drift hits them alike), waiting for the device around each. Returns ({name: median seconds},
-    {name: [seconds]})."""
-    import statistics
-    import time
+    machine's drift hits them alike), waiting for the device around each, read on ``clock`` (wall time;
+    ``time.process_time``: the process's CPU time, which a machine shared or paused meanwhile does not
+    inflate). Returns ({name: median seconds}, {name: [seconds]})."""
 
     def sync() -> None:
         if device.type == "cuda":
@@ -70,10 +69,10 @@ def in_turn(calls: dict, repeats: int, device: torch.device) -> tuple[dict, dict
     for _ in range(repeats):
         for name, call in calls.items():
             sync()
-            begin = time.perf_counter()
+            begin = clock()
             call()
             sync()
-            times[name].append(time.perf_counter() - begin)
+            times[name].append(clock() - begin)
     return {name: statistics.median(v) for name, v in times.items()}, times
 
 
