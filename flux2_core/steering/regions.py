@@ -15,6 +15,13 @@ text each image token reads, while the picture stays one coherent image (restric
 as well leaves visible seams at the borders, and InvokeAI's FLUX.1 rule keeps it whole too). The text of two
 prompts never mixes.
 
+With reference images (``dit.call.RegionalMask.with_references``, applied by the DiT): every query (each
+prompt's text, every image token) also reads every reference, with the references' strength bias; a
+reference token reads the global prompt's text, every image token and every reference, never a region's
+text (as an image token outside every region), so no region's prompt reaches the whole picture through the
+references. The 9B-KV model's cached reference keys are read the same way and read nothing. Reasons and
+the measured leak: ``docs/steering.md``.
+
 Exact cases, by construction: with no global prompt, one region whose mask covers the whole image is the
 plain run of its prompt (no mask is formed); a region whose mask is empty at latent resolution (or whose
 strength is 0) is left out, so a global prompt plus an empty region is the plain run of the global prompt.
@@ -117,7 +124,7 @@ def latent_region_mask(mask: torch.Tensor, grid: tuple[int, int]) -> torch.Tenso
 def regional_plan(prompt: RegionalPrompt, grid: tuple[int, int], dtype, device):
     """(the joined text conditioning [B, T, C], the attention mask over ``[text; image]`` as a
     ``RegionalMask``, or None when the run is a plain one). A call with references extends it over them
-    (``RegionalMask.with_references``: the rule with references is in the module docstring).
+    (``RegionalMask.with_references``; the rule is in the module docstring).
 
     The mask comes factored: the global prompt's text is one group of queries (keys: itself and every image
     token), each region's text another (itself and the image tokens inside its mask), and the image tokens
