@@ -12,6 +12,8 @@ writes:
 * ``workflows/api/<name>.json``: the API format that ``POST /prompt`` accepts as-is
   (``{node_id: {"class_type", "inputs", "_meta"}}``, links as ``[node_id, output_slot]``). Notes are not part
   of it (they are frontend-only), and the seed is fixed so that runs are reproducible.
+* ``docs/workflows.md``: what each workflow's short note leaves out (settings, alternatives, headless use).
+* ``web/template_order.js``: the order of the template browser's cards (``workflow_builder/templates.py``).
 
 Both come from the same graph, so they cannot drift apart, and the pack's node schemas come from the node
 classes themselves (``workflow_builder/schemas.py``), so neither can drift from the nodes;
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,24 +32,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workflow_builder.fill import FILL_RECIPES, build_fill  # noqa: E402  (the package beside this script)
 from workflow_builder.flux2 import build  # noqa: E402
 from workflow_builder.flux2_recipes import RECIPES  # noqa: E402
-from workflow_builder.formats import render, to_api, to_editor  # noqa: E402
+from workflow_builder.formats import WORKFLOW_ID, render, to_api, to_editor  # noqa: E402
 from workflow_builder.schemas import FILES, NODE_SPECS, REPO  # noqa: E402, F401  (FILES: read by the tests)
+from workflow_builder.templates import ALIASES, details_page, order_script  # noqa: E402
 
 WORKFLOW_DIR = REPO / "workflows"
 API_DIR = WORKFLOW_DIR / "api"
+DETAILS = REPO / "docs" / "workflows.md"
+ORDER_SCRIPT = REPO / "web" / "template_order.js"
+
+
+def graphs() -> list:
+    return [build(r) for r in RECIPES] + [build_fill(r) for r in FILL_RECIPES]
 
 
 def build_all() -> dict[str, tuple[dict, dict]]:
     """{name: (editor workflow, API workflow)} for every bundled workflow."""
-    graphs = [build(r) for r in RECIPES] + [build_fill(r) for r in FILL_RECIPES]
-    return {g.name: (to_editor(g), to_api(g)) for g in graphs}
+    return {g.name: (to_editor(g), to_api(g)) for g in graphs()}
 
 
 def expected_files() -> dict[Path, str]:
+    """Every file the script writes: both formats of each workflow, the second names of the first-run
+    workflows (``templates.ALIASES``: the same editor workflow under another name and id; its API format is
+    the original's), the details page and the template order."""
     files = {}
-    for name, (editor, api) in build_all().items():
+    made = graphs()
+    built = {g.name: (to_editor(g), to_api(g)) for g in made}
+    for name, (editor, api) in built.items():
         files[WORKFLOW_DIR / f"{name}.json"] = render(editor)
         files[API_DIR / f"{name}.json"] = render(api)
+    for alias, name in ALIASES.items():
+        editor = {**built[name][0], "id": str(uuid.uuid5(uuid.NAMESPACE_URL, WORKFLOW_ID + alias))}
+        files[WORKFLOW_DIR / f"{alias}.json"] = render(editor)
+    files[DETAILS] = details_page(made)
+    files[ORDER_SCRIPT] = order_script([p.stem for p in files if p.parent == WORKFLOW_DIR])
     return files
 
 

@@ -3,7 +3,9 @@
     python scripts/record_node_sizes.py --url http://127.0.0.1:8188   # a running ComfyUI with this pack
 
 The editor enlarges a node to the room its inputs and widgets need (every optional widget shown, advanced ones
-included), whatever size the file stores; ``--merge`` keeps the larger of two editor versions' sizes.
+included), whatever size the file stores; in Nodes 2.0 each node is a page element with a least size of its
+own (recorded with its header, with Nodes 2.0 switched on for the measurement and back off after it).
+``--merge`` keeps the larger of two editor versions' sizes.
 The builder lays the bundled workflows out with these sizes, so no
 node hides another once drawn (``workflow_builder/node_sizes.json``). Needs ``playwright`` and a Chromium;
 the integration tests check the recorded sizes against the editor the server serves
@@ -17,12 +19,13 @@ import json
 import os
 import shutil
 import sys
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from workflow_builder.schemas import NODE_SPECS  # noqa: E402  (the package beside this script)
-from workflow_builder.sizes import MEASURE, READY, SIZES_FILE  # noqa: E402
+from workflow_builder.sizes import MEASURE, MEASURE_VUE, READY, SIZES_FILE  # noqa: E402
 
 # Flags for a headless Chromium on a machine with no network but loopback (no background connections).
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -37,6 +40,35 @@ def measure(page) -> dict[str, list[int]]:
     """{node type: [width, height]} for every node type the workflows use, from an open editor page."""
     page.wait_for_function(READY, timeout=120_000)
     return page.evaluate(MEASURE, sorted(NODE_SPECS))
+
+
+def setting(url: str, key: str, value=None):
+    if value is None:
+        with urllib.request.urlopen(f"{url}/api/settings/{key}", timeout=30) as response:
+            return json.loads(response.read() or b"null")
+    body = json.dumps(value).encode()
+    urllib.request.urlopen(
+        urllib.request.Request(f"{url}/api/settings/{key}", data=body, method="POST"), timeout=30
+    ).read()
+
+
+def measure_vue(browser, url: str) -> dict[str, list[int]]:
+    """{node type: [width, height]} of each node's Nodes 2.0 element, its header included."""
+    before = setting(url, "Comfy.VueNodes.Enabled")
+    setting(url, "Comfy.VueNodes.Enabled", True)
+    try:
+        page = browser.new_page(viewport={"width": 1920, "height": 1080})
+        page.goto(url)
+        page.wait_for_function(READY, timeout=120_000)
+        page.wait_for_timeout(1000)
+        for _ in range(5):  # a new user's first start opens the template browser
+            if not page.locator("[role=dialog]").count():
+                break
+            page.keyboard.press("Escape")
+            page.wait_for_timeout(300)
+        return page.evaluate(MEASURE_VUE, sorted(NODE_SPECS))
+    finally:
+        setting(url, "Comfy.VueNodes.Enabled", bool(before))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,17 +88,24 @@ def main(argv: list[str] | None = None) -> int:
         page.goto(args.url)
         sizes = measure(page)
         version = page.evaluate("() => window.__COMFYUI_FRONTEND_VERSION__ ?? null")
+        vue = measure_vue(browser, args.url)
         browser.close()
     if args.merge and SIZES_FILE.exists():
         before = json.loads(SIZES_FILE.read_text(encoding="utf-8"))
-        for node_type, (w, h) in before["sizes"].items():
-            mine = sizes.get(node_type, [0, 0])
-            sizes[node_type] = [max(w, mine[0]), max(h, mine[1])]
+        for table, mine in (("sizes", sizes), ("vue", vue)):
+            for node_type, (w, h) in before.get(table, {}).items():
+                new = mine.get(node_type, [0, 0])
+                mine[node_type] = [max(w, new[0]), max(h, new[1])]
         versions = sorted(set(filter(None, str(before.get("frontend") or "").split(", "))) | {version})
         version = ", ".join(versions)
-    rows = ",\n".join(f"    {json.dumps(k)}: {json.dumps(sizes[k])}" for k in sorted(sizes))
+
+    def table(recorded: dict) -> str:
+        return ",\n".join(f"    {json.dumps(k)}: {json.dumps(recorded[k])}" for k in sorted(recorded))
+
     SIZES_FILE.write_text(
-        f'{{\n  "frontend": {json.dumps(version)},\n  "sizes": {{\n{rows}\n  }}\n}}\n', encoding="utf-8"
+        f'{{\n  "frontend": {json.dumps(version)},\n  "sizes": {{\n{table(sizes)}\n  }},\n'
+        f'  "vue": {{\n{table(vue)}\n  }}\n}}\n',
+        encoding="utf-8",
     )
     print(f"wrote {SIZES_FILE} (frontend {version}, {len(sizes)} node types)")
     return 0

@@ -8,21 +8,22 @@ from dataclasses import dataclass
 
 from .graph import Graph
 from .layout import (
+    GENERATE,
     IMAGE_TITLES,
     LOADER_SIZE,
+    MASK_HINT,
     MASK_NOTE,
     SEED,
-    X_LOAD,
-    X_SAMPLE,
-    Y_IMAGES,
     finish,
+    image_column,
     load_image,
     loaders,
     outpaint_pad,
     prompt,
 )
-from .notes import file_rows
+from .notes import brief, file_rows
 from .recipe import Mode
+from .schemas import FILES
 
 FILL_FILES = ("flux1-fill-dev.safetensors", "t5xxl_fp16.safetensors", "clip_l.safetensors", "ae.safetensors")
 FILL_STEPS, FILL_GUIDANCE = 50, 30.0
@@ -115,31 +116,31 @@ python scripts/klein_client.py --server http://127.0.0.1:8188 --workflow {api} \
 
 
 def build_fill(r: FillRecipe) -> Graph:
-    g = Graph(r.name)
+    g = Graph(r.name, r.title, _fill_note(r))
     dit, t5, clip, ae = FILL_FILES
     model, te, vae = loaders(
         g,
-        ("Flux1FillModelLoader", (X_LOAD, 0), LOADER_SIZE,
+        ("Flux1FillModelLoader", LOADER_SIZE,
          {"model_name": dit, "weight_dtype": "default", "quant_compute": "auto"}, (dit,)),
-        ("Flux1FillTextEncoderLoader", (X_LOAD, 160), (380, 130),
+        ("Flux1FillTextEncoderLoader", LOADER_SIZE,
          {"t5_name": t5, "clip_name": clip, "device": "default"}, (t5, clip)),
-        ("Flux1FillVAELoader", (X_LOAD, 340), (380, 82), {"vae_name": ae}, (ae,)),
+        ("Flux1FillVAELoader", LOADER_SIZE, {"vae_name": ae}, (ae,)),
     )  # fmt: skip
     positive = prompt(g, "Flux1FillTextEncode", r.prompt, te)
     g.group("Prompt", positive)
 
-    y = Y_IMAGES
-    image = load_image(g, y, IMAGE_TITLES[r.mode])
+    col = image_column(0)
+    image = load_image(g, col, IMAGE_TITLES[r.mode])
     inputs, source = [image], image  # Load Image's MASK: its transparent pixels
     if r.mode is Mode.OUTPAINT:
-        source = outpaint_pad(g, image, y)
+        source = outpaint_pad(g, image, col)
         inputs.append(source)
     g.group(f"Image to {r.mode}", *inputs)
 
     sampler = g.add(
         "Flux1FillSampler",
-        (X_SAMPLE, 0),
-        (330, 400),
+        GENERATE,
+        (270, 360),
         {
             "seed": SEED,
             "steps": FILL_STEPS,
@@ -157,5 +158,7 @@ def build_fill(r: FillRecipe) -> Graph:
     g.connect(vae, sampler, "vae")
     g.connect(source, sampler, "image")
     g.connect(source, sampler, "mask", src_slot=1)
-    finish(g, "Flux1FillDecode", vae, sampler, (sampler, 1), "flux1_fill", _fill_note(r))
+    extra = MASK_HINT if r.mode is Mode.INPAINT else ""
+    text = brief(r.title, r.summary, r.settings, [FILES[name] for name in FILL_FILES], extra)
+    finish(g, "Flux1FillDecode", vae, sampler, (sampler, 1), "flux1_fill", text)
     return g

@@ -147,8 +147,40 @@ RECIPES = (
             "a tall bookshelf full of old books and a potted fern",
         ),
         settings=(
-            f"{DISTILLED_SETTINGS}\n\nRegions cannot be combined with reference images; the negative "
-            "prompt of base models stays one plain prompt (its pass is not masked)."
+            f"{DISTILLED_SETTINGS}\n\nWith reference images (an edit), see `flux2_klein_4b_regional_edit`; "
+            "the negative prompt of base models stays one plain prompt (its pass is not masked)."
+        ),
+    ),
+    Recipe(
+        name="flux2_klein_4b_regional_edit",
+        title="FLUX.2 [klein] 4B: edit with a prompt per region",
+        summary=(
+            "Edits an image with a prompt for the whole picture and one for each half, with the distilled "
+            "klein 4B model: *Reference image 1* is the photo to edit, each *FLUX.2 Regional Prompt* puts "
+            "its "
+            "prompt where its mask is white, and the global prompt says what to keep. Every part of the "
+            "picture reads the reference (at its strength and step range); the reference reads the global "
+            "prompt but no region's, so a region's prompt reaches only the image inside its mask. The masks "
+            "here are the left and right halves; replace them with *Load Image (as Mask)* or your own (any "
+            "size: they are stretched to the picture)."
+        ),
+        **KLEIN_4B,
+        prompt=(
+            "The same room, light and people as in image 1, photographed the same way; only their coats "
+            "change."
+        ),
+        regions=(
+            "the person on the left wearing a long red wool coat",
+            "the person on the right wearing a blue denim jacket",
+        ),
+        references=1,
+        width=0,
+        height=0,
+        settings=(
+            f"{DISTILLED_SETTINGS}\n\n{EDIT_SIZE}\n\nA region's `strength` (1 = plain) sets how much its "
+            "prompt "
+            "counts, the reference's `strength` how much the photo does; more references chain onto "
+            "*Reference 1* as in the multi-reference workflow."
         ),
     ),
     Recipe(

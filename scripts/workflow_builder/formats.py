@@ -8,12 +8,15 @@ import json
 import uuid
 
 from .graph import Graph, input_index
-from .sizes import check_group_titles, group_box, settle, view
+from .layout import columns
+from .sizes import arrange, check_group_titles, group_box, view
+
+WORKFLOW_ID = "comfyui-flux2-klein/workflows/"  # + the name: the uuid5 of each editor workflow's id
 
 
 def to_editor(graph: Graph) -> dict:
     """The graph-editor format (0.4) ComfyUI's frontend saves and loads, laid out as the editor draws it."""
-    settle(graph)
+    arrange(graph, *columns(graph))
     check_group_titles(graph)
     order = graph.order()
     nodes = []
@@ -87,7 +90,7 @@ def to_editor(graph: Graph) -> dict:
             }
         )
     return {
-        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfyui-flux2-klein/workflows/{graph.name}")),
+        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, WORKFLOW_ID + graph.name)),
         "revision": 0,
         "last_node_id": max(n.id for n in graph.nodes),
         "last_link_id": max((lk.id for lk in graph.links), default=0),

@@ -14,8 +14,9 @@ class Node:
     id: int
     type: str
     values: dict  # widget name -> value (every widget of the spec except frontend-only ones)
-    pos: tuple[float, float]
+    col: str  # the column it is drawn in (``sizes.arrange`` turns columns into positions)
     size: tuple[float, float]
+    pos: tuple[float, float] = (0, 0)
     title: str | None = None
     color: str | None = None
     bgcolor: str | None = None
@@ -48,19 +49,21 @@ class Group:
 
 
 class Graph:
-    def __init__(self, name: str):
+    def __init__(self, name: str, title: str = "", details: str = ""):
         self.name = name
+        self.title = title  # the workflow's title (its note's heading)
+        self.details = details  # its section of docs/workflows.md (Markdown, the title as a level-1 heading)
         self.nodes: list[Node] = []
         self.links: list[Link] = []
         self.groups: list[Group] = []
 
-    def add(self, type_: str, pos, size, values: dict | None = None, **kw) -> Node:
+    def add(self, type_: str, col: str, size, values: dict | None = None, **kw) -> Node:
         spec = NODE_SPECS[type_]
         values = dict(values or {})
         expected = [w.name for w in spec.widgets if w.in_api or spec.frontend_only]
         if sorted(values) != sorted(expected):
             raise ValueError(f"{type_}: widgets {sorted(values)} != {sorted(expected)}")
-        node = Node(len(self.nodes) + 1, type_, values, tuple(pos), drawn_size(type_, size), **kw)
+        node = Node(len(self.nodes) + 1, type_, values, col, drawn_size(type_, size), **kw)
         if not spec.frontend_only:
             node.properties = {"Node name for S&R": type_, **node.properties}
         self.nodes.append(node)

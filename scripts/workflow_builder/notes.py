@@ -1,9 +1,12 @@
-"""The note each FLUX.2 workflow carries: what it does, which file goes into which model folder (with the
-links), the recommended settings and how to queue it headless."""
+"""What each FLUX.2 workflow says about itself: a short note on the canvas (what it does, which file goes into
+which model folder, with the links, the usual settings) and a longer section of ``docs/workflows.md`` (the
+settings and their reasons, the alternatives, how to queue it headless)."""
 
 from __future__ import annotations
 
-from .layout import MASK_NOTE
+import re
+
+from .layout import MASK_HINT, MASK_NOTE
 from .recipe import Family, Mode, Recipe
 from .schemas import FILES
 
@@ -78,6 +81,50 @@ def files_note(r: Recipe) -> str:
     return DEV_FILES_NOTE.format(
         fp8=file_rows(DEV_FP8), dit=dit.size_gb, te=te.size_gb, dit8=fp8[0].size_gb, te8=fp8[1].size_gb
     )
+
+
+def first_sentence(text: str) -> str:
+    """The text's first sentence (up to the first full stop followed by a space, outside abbreviations)."""
+    match = re.search(r"(?<!e\.g)(?<!i\.e)[.!?](\s|$)", text)
+    return text[: match.end()].strip() if match else text
+
+
+DETAILS = "docs/workflows.md"
+
+
+def brief(title: str, summary: str, settings: str, files, extra: str = "") -> str:
+    """The note on the canvas: the title, what it does, the files and their folders (with their links), the
+    usual settings, where the rest is."""
+    rows = "\n".join(
+        f"- [`{f.name}`]({f.url}) in `models/{f.folder}`" if f.url else f"- `{f.name}` in `models/{f.folder}`"
+        for f in files
+    )
+    return f"""# {title}
+
+{first_sentence(summary)}
+
+**Files** (the loaders offer the downloads):
+{rows}
+
+{first_sentence(settings)}{extra}
+
+More: `{DETAILS}` in the pack; a node's help: select it, *Info* tab.
+"""
+
+
+class _Own:
+    """A file of the user's own (a LoRA), named in the note with its folder but no link."""
+
+    def __init__(self, name: str, folder: str):
+        self.name, self.folder, self.url = name, folder, None
+
+
+def short_note(r: Recipe) -> str:
+    names = [r.dit, r.text_encoder, "flux2-vae.safetensors", *([CONTROL_FILE] if r.control else [])]
+    files = [FILES[name] for name in names]
+    if r.lora:
+        files.append(FILES[r.lora] if r.lora in FILES else _Own(r.lora, "loras"))
+    return brief(r.title, r.summary, r.settings, files, MASK_HINT if r.mode is Mode.INPAINT else "")
 
 
 def note(r: Recipe) -> str:

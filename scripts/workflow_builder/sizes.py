@@ -1,10 +1,18 @@
 """Where the graph editor draws a node, and how the builder keeps nodes and groups apart.
 
-The editor draws a node's title bar above its ``pos`` and enlarges the node to the room its widgets need
-(``node_sizes.json``, recorded from the real editor by ``scripts/record_node_sizes.py``). A group's box is its
-nodes' boxes with a margin and a title band above (``formats.to_editor``). ``settle`` moves nodes down their
-column until no node's drawn box, nor a group's box, runs into another's; ``check_group_titles`` refuses a
-group title wider than its group.
+The editor draws a node's title bar above its ``pos`` and enlarges the node to the room its widgets need; its
+Nodes 2.0 mode draws each node as a page element whose least size is its own (both recorded from the real
+editor in ``node_sizes.json`` by ``scripts/record_node_sizes.py``: ``sizes`` the canvas's, ``vue`` the Nodes
+2.0 box with its header). A group's box is its nodes' boxes with a margin and a title band above
+(``formats.to_editor``). ``arrange`` puts each node in its column (left to right, the way the data flows,
+every node as wide as its column); ``settle`` moves nodes down their column until no node's drawn box, nor a
+group's box, runs into another's; ``check_group_titles`` refuses a group title wider than its group.
+
+A template opened from the template browser is fitted to the window (the editor's ``fitView``: the nodes'
+boxes plus 10 px, at 0.75 of the scale that fills the window) whatever view the file stores; the editor draws
+text only at a scale of at least its low-quality threshold (8 px of 14 px text: 0.571 at a device pixel
+ratio of 1). ``opening_scale`` is that scale for a window size, so the builder can keep every workflow
+readable as it opens.
 """
 
 from __future__ import annotations
@@ -43,18 +51,51 @@ MEASURE = """(types) => {
 }"""
 
 
-def recorded_sizes() -> dict[str, tuple[int, int]]:
+# The same in Nodes 2.0 (the editor's Vue nodes): each new node's element, its header included, once drawn.
+MEASURE_VUE = """async (types) => {
+    const sizes = {};
+    window.app.graph.clear();
+    window.app.canvas.ds.scale = 1;
+    window.app.canvas.ds.offset = [0, 0];
+    for (const type of types) {
+        const node = window.LiteGraph.createNode(type);
+        if (!node) continue;
+        node.pos = [100, 100];
+        window.app.graph.add(node);
+        await new Promise((resolve) => setTimeout(resolve, 400));
+        const element = document.querySelector(`[data-node-id='${node.id}']`);
+        if (element) {
+            const r = element.getBoundingClientRect();
+            sizes[type] = [Math.ceil(r.width), Math.ceil(r.height)];
+        }
+        window.app.graph.remove(node);
+    }
+    return sizes;
+}"""
+
+
+def recorded_sizes(table: str = "sizes") -> dict[str, tuple[int, int]]:
     if not SIZES_FILE.exists():
         return {}
-    return {k: tuple(v) for k, v in json.loads(SIZES_FILE.read_text(encoding="utf-8"))["sizes"].items()}
+    recorded = json.loads(SIZES_FILE.read_text(encoding="utf-8")).get(table, {})
+    return {k: tuple(v) for k, v in recorded.items()}
 
 
 MIN_SIZES = recorded_sizes()
+VUE_SIZES = recorded_sizes("vue")  # Nodes 2.0: the node's box, its header included
+
+
+def least_size(node_type: str) -> tuple[float, float]:
+    """The least size (below the title bar) either of the editor's renderers draws a node at."""
+    classic = MIN_SIZES.get(node_type, (0, 0))
+    vue = VUE_SIZES.get(node_type, (0, TITLE_HEIGHT))
+    return (max(classic[0], vue[0]), max(classic[1], vue[1] - TITLE_HEIGHT))
 
 
 def drawn_size(node_type: str, size) -> tuple[float, float]:
-    """The size the editor draws a node at: the stored one, enlarged to the room its widgets need."""
-    least = MIN_SIZES.get(node_type, (0, 0))
+    """The size the editor draws a node at: the stored one, enlarged to the room its widgets need on the
+    classic canvas and in Nodes 2.0."""
+    least = least_size(node_type)
     return (max(size[0], least[0]), max(size[1], least[1]))
 
 
@@ -147,6 +188,42 @@ def check_group_titles(graph) -> None:
                 f"{graph.name}: group title {g.title!r} (about {title_width(g.title):.0f} px) is wider "
                 f"than its group ({x1 - x0:.0f} px): shorten it"
             )
+
+
+COLUMN_GAP = 70  # between two columns' nodes: room for two group margins and the gap between groups
+
+
+def arrange(graph, columns: list[str], first=()) -> None:
+    """Put every node in its column (``Node.col``, in the order ``columns`` gives, left to right), each column
+    as wide as its widest node and every node in it as wide, the nodes of a column in the order they were
+    added (``first`` on top), then ``settle`` them."""
+    x = 0
+    for col in columns:
+        members = [n for n in graph.nodes if n.col == col]
+        if not members:
+            continue
+        width = max(n.size[0] for n in members)
+        for n in members:
+            n.pos = (x, -1 if n in first else 0)
+            n.size = (width, n.size[1])
+        x += width + COLUMN_GAP
+    stray = [n.type for n in graph.nodes if n.col not in columns]
+    if stray:
+        raise ValueError(f"{graph.name}: nodes outside the columns: {stray}")
+    settle(graph)
+
+
+FIT_ZOOM, FIT_PADDING = 0.75, 10  # the editor's fitView: 0.75 of the filling scale, 10 px around the nodes
+LOW_QUALITY_THRESHOLD = 8 / 14  # the least scale the editor draws text at (8 px of its 14 px text)
+
+
+def opening_scale(graph, window: tuple[int, int]) -> float:
+    """The scale a template opens at from the template browser in a window of that size (the canvas fills
+    the window): the editor's fitView of the nodes' boxes."""
+    boxes = [node_box(n) for n in graph.nodes]
+    width = max(b[2] for b in boxes) - min(b[0] for b in boxes) + 2 * FIT_PADDING
+    height = max(b[3] for b in boxes) - min(b[1] for b in boxes) + 2 * FIT_PADDING
+    return FIT_ZOOM * min(window[0] / max(width, 300), window[1] / max(height, 300))
 
 
 VIEW_SCALE = 0.7  # the opening zoom: the note's text stays readable

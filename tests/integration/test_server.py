@@ -47,6 +47,7 @@ WORKFLOW_RUNS = {
     "flux2_klein_9b_kv_edit": dict(refs=[(64, 80), (96, 64)], sets=[], size=(64, 80)),
     "flux2_klein_4b_edit_reference_strength": dict(refs=[(96, 64), (64, 80)], sets=[], size=(96, 64)),
     "flux2_klein_4b_regional_prompt": dict(refs=[], sets=["width=128", "height=96"], size=(128, 96)),
+    "flux2_klein_4b_regional_edit": dict(refs=[(96, 64)], sets=[], size=(96, 64)),
     "flux2_klein_4b_refcontrol_depth": dict(refs=[(96, 64), (64, 80)], sets=["steps=6"], size=(96, 64)),
     "flux2_klein_4b_img2img": dict(refs=[(96, 64)], sets=[], size=(96, 64)),
     "flux2_klein_4b_inpaint": dict(refs=[("masked", 96, 64)], sets=[], size=(96, 64)),

@@ -98,6 +98,7 @@ KLEIN_NAMES = [
     "flux2_klein_4b_multi_reference_edit",
     "flux2_klein_4b_edit_reference_strength",
     "flux2_klein_4b_regional_prompt",
+    "flux2_klein_4b_regional_edit",
     "flux2_klein_4b_refcontrol_depth",
     "flux2_klein_9b_kv_edit",
     "flux2_klein_4b_img2img",
@@ -112,11 +113,31 @@ NATIVE_SAMPLING_NAMES = ["flux2_klein_4b_native_sampler", "flux2_klein_4b_native
 CONTROL_NAMES = ["flux2_dev_controlnet_pose", "flux2_dev_controlnet_inpaint"]  # the Fun ControlNet on dev
 UPSCALE_NAMES = ["flux2_klein_4b_upscale_2x"]  # FLUX.2 Tiled Refine, no sampler
 NAMES = KLEIN_NAMES + DEV_NAMES + FILL_NAMES + NATIVE_SAMPLING_NAMES + CONTROL_NAMES + UPSCALE_NAMES
+# The first-run workflows' second names: title-like, first A-Z, found by "klein text to image" / "klein edit"
+ALIASES = {
+    "FLUX.2 klein text to image": "flux2_klein_4b_text_to_image",
+    "FLUX.2 klein edit": "flux2_klein_4b_edit",
+}
+FILES = NAMES + list(ALIASES)  # every editor workflow file (the aliases' API format is the original's)
 SAMPLERS = ("Flux2KleinSampler", "Flux1FillSampler")
+DETAILS = REPO / "docs" / "workflows.md"
 
 
 def editor(name: str) -> dict:
     return json.loads((WORKFLOWS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def note_of(name: str) -> str:
+    """The text of the workflow's note (the one Markdown note)."""
+    return next(n for n in editor(name)["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
+
+
+def details(name: str) -> str:
+    """The workflow's section of docs/workflows.md (what its short note leaves out)."""
+    text = DETAILS.read_text(encoding="utf-8")
+    start = text.index(f"`workflows/{name}.json`")
+    end = text.find("\n## ", start)
+    return text[start : end if end > 0 else len(text)]
 
 
 def api(name: str) -> dict:
@@ -162,16 +183,18 @@ def api_edges(wf: dict) -> set[tuple]:
 
 
 def test_every_workflow_is_there_and_parses():
-    assert sorted(p.stem for p in WORKFLOWS.glob("*.json")) == sorted(NAMES)
+    assert sorted(p.stem for p in WORKFLOWS.glob("*.json")) == sorted(FILES)
     assert sorted(p.stem for p in API.glob("*.json")) == sorted(NAMES)
-    for name in NAMES:
+    for name in FILES:
         assert editor(name)["version"] == 0.4
+    for name in NAMES:
         assert isinstance(api(name), dict)
 
 
 def test_committed_files_match_the_generator():
     expected = build_workflows.expected_files()
-    on_disk = {p: p.read_text(encoding="utf-8") for p in [*WORKFLOWS.glob("*.json"), *API.glob("*.json")]}
+    made = [*WORKFLOWS.glob("*.json"), *API.glob("*.json"), DETAILS, REPO / "web" / "template_order.js"]
+    on_disk = {p: p.read_text(encoding="utf-8") for p in made}
     assert sorted(map(str, expected)) == sorted(map(str, on_disk))
     stale = [str(p.relative_to(REPO)) for p, text in expected.items() if on_disk[p] != text]
     assert not stale, f"run `python scripts/build_workflows.py` (out of date: {stale})"
@@ -374,6 +397,7 @@ EXPECTED = {
         False,
     ),
     "flux2_klein_4b_regional_prompt": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 1024, 0, False),
+    "flux2_klein_4b_regional_edit": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 1, False),
     "flux2_klein_4b_refcontrol_depth": ("flux-2-klein-base-4b", "qwen_3_4b", "base", 50, 4.0, 0, 2, True),
     "flux2_klein_4b_img2img": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
     "flux2_klein_4b_inpaint": ("flux-2-klein-4b", "qwen_3_4b", "distilled", 4, 1.0, 0, 0, False),
@@ -446,7 +470,7 @@ def test_dev_workflows_use_comfyuis_devices_and_name_the_fp8_files(name):
     assert (model["devices"], model["offload"], model["weight_dtype"]) == ("", "none", "default")
     encoder = _through_loras(wf, _source(wf, sampler, "positive"), "text_encoder")["inputs"]
     assert encoder["device"] == "default"
-    note = next(n for n in editor(name)["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
+    note = details(name)  # the fp8 files, the licence and the GPUs: in the workflow's section of the docs
     for alternative in ("flux2_dev_fp8mixed.safetensors", "mistral_3_small_flux2_fp8.safetensors"):
         f = build_workflows.FILES[alternative]
         assert f"`{alternative}`" in note and f.url in note and f.licence in note
@@ -523,8 +547,7 @@ def test_fill_workflows_run_headless_with_the_clients_prompt_and_seed(name):
         sampler["inputs"]["seed"] == 7 and _source(wf, sampler, "positive")["inputs"]["text"] == "a red door"
     )
     assert [wf[i]["inputs"]["image"] for i in client.nodes_of_type(wf, "LoadImage")] == ["mine.png"]
-    note = next(n for n in editor(name)["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
-    assert '--prompt "..." --seed 42' in note
+    assert '--prompt "..." --seed 42' in details(name)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -944,7 +967,7 @@ def test_control_workflows_steer_dev_through_the_fun_controlnet(name):
     assert wf[control_map[0]]["_meta"]["title"] == "Control map (pose)"
     images = client.nodes_of_type(wf, "LoadImage")
     assert images[0] == control_map[0]  # the client's first --image is the map
-    note = next(n for n in editor(name)["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
+    note = details(name)
     assert "preprocessor" in note and "0.65-0.80" in note and "--image pose.png" in note
     (save,) = [n for n in wf.values() if n["class_type"] == "SaveImage"]
     if name == "flux2_dev_controlnet_pose":
@@ -959,7 +982,7 @@ def test_control_workflows_steer_dev_through_the_fun_controlnet(name):
     assert prepare["inputs"]["image"] == [image, 0] and prepare["inputs"]["mask"] == [image, 1]
     assert (s["width"], s["height"], s["denoise"]) == (0, 0, 1.0)
     assert _link(wf, save, "images") == ("Flux2KleinComposite", 0)
-    assert "--image pose.png --image image.png" in note and "MaskEditor" in note
+    assert "--image pose.png --image image.png" in note and "MaskEditor" in note_of(name)
 
 
 @pytest.mark.parametrize("name", CONTROL_NAMES)
@@ -993,6 +1016,23 @@ def test_the_regional_workflow_chains_two_regions_onto_the_global_prompt():
     assert masks == {"MaskComposite", "InvertMask"}
 
 
+def test_the_regional_edit_workflow_wires_regions_and_a_reference_into_one_sampler():
+    wf = api("flux2_klein_4b_regional_edit")
+    sampler = _sampler(wf)
+    last = wf[sampler["inputs"]["positive"][0]]
+    first = wf[last["inputs"]["conditioning"][0]]
+    assert last["class_type"] == first["class_type"] == "Flux2KleinRegionalPrompt"
+    assert wf[first["inputs"]["conditioning"][0]]["class_type"] == "Flux2KleinTextEncode"
+    assert {wf[n["inputs"]["mask"][0]]["class_type"] for n in (first, last)} == {
+        "MaskComposite",
+        "InvertMask",
+    }
+    reference = _source(wf, sampler, "references")
+    assert reference["class_type"] == "Flux2KleinReferenceEncode" and "references" not in reference["inputs"]
+    assert _source(wf, reference, "image")["class_type"] == "LoadImage"
+    assert (sampler["inputs"]["width"], sampler["inputs"]["height"]) == (0, 0)  # the photo's size
+
+
 def _drawn_boxes(wf: dict) -> tuple[list, list]:
     """Node boxes (title bar above pos, as the editor draws it) and group boxes, as (x0, y0, x1, y1)."""
     nodes = [(n["pos"][0], n["pos"][1] - 30, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
@@ -1008,17 +1048,23 @@ def _touch(a, b) -> bool:
 
 @pytest.mark.parametrize("name", NAMES, ids=str)
 def test_the_layout_holds_at_the_sizes_the_editor_draws(name):
-    # every node at least the size the editor enlarges it to (recorded from the real editor), none touching
-    # another, no two groups touching, no node inside a group it is not in, every group title inside its group
+    # every node at least the size the editor enlarges it to on the classic canvas and in Nodes 2.0 (both
+    # recorded from the real editor), none touching another, no two groups touching, no node inside a group it
+    # is not in, every group title inside its group
     sys.path.insert(0, str(REPO / "scripts"))
     try:
-        from workflow_builder.sizes import MIN_SIZES, title_width
+        from workflow_builder.sizes import MIN_SIZES, TITLE_HEIGHT, VUE_SIZES, title_width
     finally:
         sys.path.remove(str(REPO / "scripts"))
     wf = editor(name)
     for n in wf["nodes"]:
-        least = MIN_SIZES[n["type"]]
+        least, vue = MIN_SIZES[n["type"]], VUE_SIZES[n["type"]]
         assert n["size"][0] >= least[0] and n["size"][1] >= least[1], (name, n["type"])
+        assert n["size"][0] >= vue[0] and n["size"][1] + TITLE_HEIGHT >= vue[1], (
+            name,
+            n["type"],
+            "Nodes 2.0",
+        )
     nodes, groups = _drawn_boxes(wf)
     assert not [(i, j) for i in range(len(nodes)) for j in range(i) if _touch(nodes[i], nodes[j])], name
     assert not [(i, j) for i in range(len(groups)) for j in range(i) if _touch(groups[i], groups[j])], name
@@ -1049,3 +1095,70 @@ def test_the_high_resolution_workflows():
     (save,) = [n for n in wf.values() if n["class_type"] == "SaveImage"]
     decode = _source(wf, save, "images")
     assert decode["inputs"]["tile_size"] == 1024 and _source(wf, decode, "latent") is refine
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The template browser: readable on opening, the first-run workflows first and found
+
+
+LOW_QUALITY_THRESHOLD = 8 / 14  # the editor draws text from this scale up (8 px of its 14 px node text)
+FIRST_RUN = ["flux2_klein_4b_text_to_image", "flux2_klein_4b_edit", *ALIASES]
+
+
+def _fitted_scale(wf: dict, window: tuple[int, int]) -> float:
+    """The scale the editor opens a template at from the template browser: its fitView (the nodes' boxes,
+    title bars included, plus 10 px; 0.75 of the scale that fills the window, each side at least 300 px)."""
+    nodes, _ = _drawn_boxes(wf)
+    width = max(b[2] for b in nodes) - min(b[0] for b in nodes) + 20
+    height = max(b[3] for b in nodes) - min(b[1] for b in nodes) + 20
+    return 0.75 * min(window[0] / max(width, 300), window[1] / max(height, 300))
+
+
+@pytest.mark.parametrize("name", FILES, ids=str)
+def test_every_template_opens_with_its_text_drawn(name):
+    # the layout as the editor fits it (the real editor's scale: tests/integration/test_frontend_templates.py)
+    windows = [(1920, 1080)] + ([(1366, 768)] if name in FIRST_RUN else [])
+    for window in windows:
+        scale = _fitted_scale(editor(name), window)
+        assert scale >= LOW_QUALITY_THRESHOLD * 1.04, f"{name} opens at {scale:.3f} in a {window} window"
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_the_first_run_workflows_second_names_are_the_same_graphs(alias):
+    original, copy = editor(ALIASES[alias]), editor(alias)
+    assert copy["id"] != original["id"]
+    assert {**copy, "id": original["id"]} == original
+    assert not (
+        API / f"{alias}.json"
+    ).exists()  # headless, the original's name: workflows/api/<original>.json
+
+
+def test_the_first_run_workflows_sort_first_and_hold_the_words_users_type():
+    names = [p.stem for p in WORKFLOWS.glob("*.json")]
+    # NTFS lists a folder by the upper-cased names' code units; the editor's A-Z sorts as Unicode collation
+    # does, where punctuation comes before digits: both put "FLUX.2 ..." before "flux1_..." and "flux2_..."
+    assert sorted(names, key=str.upper)[:2] == sorted(ALIASES, key=str.upper)
+    assert "klein text to image" in "FLUX.2 klein text to image".lower()
+    assert [a for a in ALIASES if "klein edit" in a.lower()] == ["FLUX.2 klein edit"]
+    assert [a for a in ALIASES if "klein text to image" in a.lower()] == ["FLUX.2 klein text to image"]
+
+
+def test_the_template_order_puts_the_first_run_workflows_first_and_each_card_once():
+    script = (REPO / "web" / "template_order.js").read_text(encoding="utf-8")
+    order = json.loads(script.split("const ORDER = ", 1)[1].split(";", 1)[0])
+    hidden = json.loads(script.split("const HIDDEN = new Set(", 1)[1].split(");", 1)[0])
+    assert order[:2] == ["FLUX.2 klein text to image", "FLUX.2 klein edit"]
+    assert sorted(hidden) == sorted(ALIASES.values())
+    assert sorted(order) == sorted(set(FILES) - set(hidden)) and len(order) == len(set(order))
+
+
+def test_the_notes_are_short_and_the_docs_say_the_rest():
+    for name in FILES:
+        note = note_of(name)
+        assert len(note.splitlines()) <= 16, f"{name}: the note runs to {len(note.splitlines())} lines"
+        assert "`docs/workflows.md`" in note
+    text = DETAILS.read_text(encoding="utf-8")
+    for name in NAMES:
+        title = note_of(name).splitlines()[0].removeprefix("# ")
+        assert f"## {title}\n\n`workflows/{name}.json`" in text
+        assert f"`workflows/api/{name}.json`" in details(name)
