@@ -6,9 +6,10 @@ against a running ComfyUI with this pack in ``custom_nodes`` under the folder na
 the model files the workflows name in its model folders (empty files are enough: the editor only checks the
 names) and an ``example.png`` in its input folder. It writes:
 
-* ``workflows/<name>.jpg`` for every bundled editor workflow: the whole graph, fitted to the picture. The
-  template browser shows it on the workflow's card (it asks the server for
-  ``/api/workflow_templates/<pack folder>/<name>.jpg``).
+* ``workflows/<name>.jpg`` for every bundled editor workflow: a band in the colour of its model (klein 4B,
+  4B base, 9B-KV, FLUX.2 [dev], FLUX.1 Fill) with what it does in large letters, above the whole graph as the
+  editor draws it, so the cards tell the workflows apart at a glance. The template browser shows it on the
+  workflow's card (it asks the server for ``/api/workflow_templates/<pack folder>/<name>.jpg``).
 * ``docs/images/*.png``: workflows as they open, the template browser's section of the pack, a node's help
   page in English and Chinese, the Chinese node names, and a new Model Loader and Sampler in the editor's
   Nodes 2.0 mode (advanced inputs folded away).
@@ -38,6 +39,15 @@ READY = (
     "'Flux2KleinSampler' in window.LiteGraph.registered_node_types"
 )
 THUMBNAIL = (800, 600)  # the cards show a 4:3 crop of it
+BAND = 250  # px of the thumbnail's top: the model and what the workflow does, in letters a card shows
+FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf"  # any bold TrueType font; PIL's own without it
+MODEL_COLOURS = (  # (words in the workflow's title, its band's label, colour): the first that matches
+    ("FLUX.1", "FLUX.1 Fill [dev]", "#5b5b66"),
+    ("[dev]", "FLUX.2 [dev]", "#1f5fa8"),
+    ("9B", "FLUX.2 [klein] 9B", "#6b3fa0"),
+    ("base", "FLUX.2 [klein] 4B base", "#a8641c"),
+    ("", "FLUX.2 [klein] 4B", "#23804a"),
+)
 RENDER = {"width": 1920, "height": 1440}  # drawn large enough for the editor to draw text, then scaled down
 SCREEN = {"width": 1366, "height": 768}
 README_WORKFLOWS = (
@@ -115,21 +125,74 @@ def close_dialogs(page) -> None:
         page.wait_for_timeout(300)
 
 
+def band_label(title: str) -> tuple[str, str, str]:
+    """(model, what it does, colour) of a workflow from its note's title ("FLUX.2 [klein] 4B: edit ...")."""
+    head, _, task = title.rpartition(": ")
+    if not head:  # "FLUX.2 [klein] 4B base in native sampling nodes, ...": what follows the model's name
+        head, task = title, title.removeprefix("FLUX.2 [klein] 4B ").removeprefix("base ")
+    for words, model, colour in MODEL_COLOURS:
+        if words in head:
+            return model, task, colour
+    raise AssertionError("the last entry matches every title")
+
+
+def _font(size: int):
+    from PIL import ImageFont
+
+    return ImageFont.truetype(FONT, size) if Path(FONT).exists() else ImageFont.load_default(size)
+
+
+def _wrapped(draw, text: str, font, width: int) -> list[str]:
+    lines = [""]
+    for word in text.split():
+        candidate = f"{lines[-1]} {word}".strip()
+        if draw.textlength(candidate, font=font) <= width or not lines[-1]:
+            lines[-1] = candidate
+        else:
+            lines.append(word)
+    return lines
+
+
+def card_picture(graph, title: str):
+    """The card's picture: the band (model, what the workflow does) above the graph's picture."""
+    from PIL import Image, ImageDraw
+
+    card = Image.new("RGB", THUMBNAIL, "#161616")
+    model, task, colour = band_label(title)
+    draw = ImageDraw.Draw(card)
+    draw.rectangle((0, 0, THUMBNAIL[0], BAND), fill=colour)
+    draw.text((36, 26), model, font=_font(40), fill="#ffffff")
+    for size in (62, 52, 44, 38):  # the largest letters that say it in two lines
+        big = _font(size)
+        lines = _wrapped(draw, task, big, THUMBNAIL[0] - 72)
+        if len(lines) <= 2:
+            break
+    for i, line in enumerate(lines[:2]):
+        draw.text((36, 92 + (size + 10) * i), line, font=big, fill="#ffffff")
+    room = (THUMBNAIL[0] - 32, THUMBNAIL[1] - BAND - 24)
+    graph = graph.convert("RGB")
+    graph.thumbnail(room, Image.LANCZOS)
+    card.paste(graph, ((THUMBNAIL[0] - graph.width) // 2, BAND + 12 + (room[1] - graph.height) // 2))
+    return card
+
+
 def thumbnails(page) -> list[Path]:
     from PIL import Image
 
     page.set_viewport_size(RENDER)
     written = []
     for path in sorted(WORKFLOWS.glob("*.json")):
-        page.evaluate(OPEN_FITTED, [json.loads(path.read_text(encoding="utf-8")), 16])
+        workflow = json.loads(path.read_text(encoding="utf-8"))
+        page.evaluate(OPEN_FITTED, [workflow, 16])
         page.wait_for_timeout(600)
         page.evaluate(HIDE_OVERLAYS)
         page.wait_for_timeout(300)
         page.evaluate(HIDE_OVERLAYS)
         target = path.with_suffix(".jpg")
         page.screenshot(path=str(target), type="png")
+        note = next(n for n in workflow["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
         with Image.open(target) as shot:
-            shot.convert("RGB").resize(THUMBNAIL, Image.LANCZOS).save(target, "JPEG", quality=80)
+            card_picture(shot, note.splitlines()[0].removeprefix("# ")).save(target, "JPEG", quality=85)
         page.evaluate(SHOW_OVERLAYS)
         written.append(target)
     return written
