@@ -445,6 +445,34 @@ def test_regional_prompts_reach_native_sampling_through_the_conditioning_bridge(
     assert np.abs(got["ours_regional"] - got["ours_plain"]).mean() > 1  # the regions change the picture
 
 
+@pytest.mark.parametrize(
+    "model_name, variant, text_encoder",
+    [
+        (DIT, "distilled", "qwen_3_4b.safetensors"),
+        ("flux-2-klein-9b-kv.safetensors", "kv", "qwen_3_8b.safetensors"),  # the references' K/V cached
+    ],
+)
+def test_regions_with_references_reach_native_sampling_through_the_conditioning_bridge(
+    comfy, model_name, variant, text_encoder
+):
+    # the regional chain and a reference at 0.5 together, handed to native sampling by FLUX.2 to native
+    # CONDITIONING: native's run equals our sampler's with both; each of the two changes the picture
+    g, ids = base_graph(model_name, variant)
+    g.nodes[ids["te"]]["inputs"]["text_encoder_name"] = text_encoder
+    chain = regional_chain(g, ids)
+    load = g.add("LoadImage", image=comfy.upload((112, 80)))
+    refs = g.add("Flux2KleinReferenceEncode", vae=[ids["vae"], 0], image=[load, 0], strength=0.5)
+    ours(g, ids, "ours_regional_edit", positive=[chain, 0], references=[refs, 0])
+    bridged = g.add("Flux2KleinToNativeConditioning", conditioning=[chain, 0], references=[refs, 0])
+    native(g, ids, "native_regional_edit", ids["native_model"], bridged)
+    ours(g, ids, "ours_edit", references=[refs, 0])
+    ours(g, ids, "ours_regional", positive=[chain, 0])
+    got = images(comfy, g)
+    assert diff(got["native_regional_edit"], got["ours_regional_edit"]) <= TOLERANCE
+    assert np.abs(got["ours_regional_edit"] - got["ours_edit"]).mean() > 1  # the regions act
+    assert np.abs(got["ours_regional_edit"] - got["ours_regional"]).mean() > 1  # the reference acts
+
+
 def test_a_negative_zeroed_from_the_regional_conditioning_runs_unmasked_on_its_own_text(comfy):
     # ConditioningZeroOut copies the entry's options, regions included: the negative pass must still be the
     # zeroed text, unmasked (else it equals the positive one and CFG does nothing)
