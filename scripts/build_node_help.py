@@ -1,17 +1,21 @@
 """Generate every node's help page, in English and Chinese, and the Chinese locale of the node names, from
 the node schemas and a hand-written part.
 
-    python scripts/build_node_help.py          # (re)write web/docs/<NodeId>.md, web/docs/<NodeId>/zh.md and
-                                               # locales/zh/nodeDefs.json
+    python scripts/build_node_help.py          # (re)write web/docs/<NodeId>/en.md, .../<NodeId>/zh.md,
+                                               # web/docs/<NodeId>.md and locales/zh/nodeDefs.json
     python scripts/build_node_help.py --check  # exit 1 if the files on disk differ from what it makes
 
-ComfyUI's node help panel fetches ``/extensions/<pack>/docs/<NodeId>/<locale>.md``, then
-``/extensions/<pack>/docs/<NodeId>.md``, from the pack's ``WEB_DIRECTORY`` (``web/``). Each page is:
+ComfyUI's node help panel (frontends 1.47 to 1.58 at least) fetches
+``/extensions/<pack>/docs/<NodeId>/<locale>.md`` first, then ``/extensions/<pack>/docs/<NodeId>.md``,
+from the pack's ``WEB_DIRECTORY`` (``web/``). The pages are written where it asks first,
+``<NodeId>/en.md`` and ``<NodeId>/zh.md``, so neither language's first request fails;
+``<NodeId>.md`` (the English page again) is for an editor in any other language. Each page is:
 
 * the node's display name and description (English: the schema's; Chinese: the hand-written page's);
 * "What it is for", hand-written in ``docs/node-help/<lang>/<NodeId>.md``;
 * the inputs and outputs, generated from the schema: name, type, default, tooltip (advanced inputs marked),
-  so a page cannot name an input the node lacks nor miss one it has;
+  so a page cannot name an input the node lacks nor miss one it has. One short block each (a line with the
+  name, type and default, then what it does), never a table: the panel can be 225 px wide;
 * "Typical wiring" and "Common mistakes" (the message each gives), hand-written.
 
 In the hand-written part, ``{name}`` is one of this node's inputs or outputs: it becomes the name as the
@@ -28,6 +32,7 @@ files.
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import re
 import sys
@@ -49,15 +54,27 @@ SECTIONS = {  # the hand-written sections, in order: purpose (before the tables)
     "zh": ("## 用途", "## 典型连线", "## 常见错误"),
 }
 WORDS = {
-    "en": {"inputs": "Inputs", "outputs": "Outputs", "input": "input", "output": "output", "type": "type",
-           "default": "default", "about": "what it does", "advanced": "advanced: shown under the node's "
-           "*Advanced* inputs", "optional": "optional", "none": "none", "choices": "choices"},
-    "zh": {"inputs": "输入", "outputs": "输出", "input": "输入", "output": "输出", "type": "类型",
-           "default": "默认值", "about": "说明", "advanced": "高级：在节点的“高级”输入中显示",
-           "optional": "可选", "none": "无", "choices": "可选值"},
+    "en": {"inputs": "Inputs", "outputs": "Outputs", "default": "default", "advanced": "advanced",
+           "optional": "optional", "none": "none", "choices": "Choices: ", "and": ", ", "stop": ".",
+           "folded": "*advanced*: folded under *Show advanced inputs* on a new node in Nodes 2.0."},
+    "zh": {"inputs": "输入", "outputs": "输出", "default": "默认值", "advanced": "高级", "optional": "可选",
+           "none": "无", "choices": "可选值：", "and": "、", "stop": "。",
+           "folded": "*高级*：在 Nodes 2.0 中，新节点把它们收在“显示高级输入”下。"},
 }  # fmt: skip
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 RAW_TAG = re.compile(r"<[A-Za-z/!]")  # the panel renders Markdown with HTML: "<name>" outside code vanishes
+# The help panel wraps text only at spaces (and after hyphens): a longer run of code, a file or workflow name,
+# would run past the right edge of a 225 px panel (about 24 characters of its monospace font). Such a code
+# span is written as HTML instead, with a <wbr> (a break that copies as nothing) after each _ - . / , : = and
+# between a lower-case letter or digit and a capital.
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+LONG_CODE = 18  # characters of code between two spaces that get break points
+BREAKS = re.compile(r"(?<=[-_./,:=])(?=.)|(?<=[a-z0-9])(?=[A-Z])")
+ENTITIES = {c: f"&#{ord(c)};" for c in "\\*_[]~`"}  # characters Markdown would read inside the HTML
+# Outside code, a run of a file name or path longer than LONG_TEXT gets a <wbr> after each _ . / -.
+LONG_TEXT = 16
+TEXT_RUN = re.compile(r"[A-Za-z0-9_./-]{" + str(LONG_TEXT + 1) + ",}")
+TEXT_BREAKS = re.compile(r"(?<=[-_./])(?=.)")
 
 
 class HelpError(ValueError):
@@ -103,24 +120,31 @@ def locale_entry(doc: NodeDoc) -> dict:
     return {key: entry[key] for key in ("display_name", "description", "inputs", "outputs") if key in entry}
 
 
-def _label(doc: NodeDoc, lang: str, defs: dict, name: str) -> str:
+def _label(doc: NodeDoc, lang: str, defs: dict, name: str, bold: bool = False) -> str:
     """How a page names one of the node's inputs or outputs: the identifier, with the Chinese label."""
-    if lang == "en":
-        return f"`{name}`"
-    entry = defs.get(doc.node_id, {})
     for i, (out_name, _, _) in enumerate(doc.outputs):
         if out_name == name and not any(inp.name == name for inp in doc.inputs):
-            return f"**{entry['outputs'][str(i)]['name']}**（`{name}`）"
-    return f"**{entry['inputs'][name]['name']}**（`{name}`）"
+            return _output_label(doc, lang, defs, i, bold)
+    if lang == "en":
+        return f"**`{name}`**" if bold else f"`{name}`"
+    return f"**{defs[doc.node_id]['inputs'][name]['name']}**（`{name}`）"
 
 
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+def _output_label(doc: NodeDoc, lang: str, defs: dict, index: int, bold: bool = True) -> str:
+    name = doc.outputs[index][0]
+    if lang == "en":
+        return f"**`{name}`**" if bold else f"`{name}`"
+    return f"**{defs[doc.node_id]['outputs'][str(index)]['name']}**（`{name}`）"
 
 
-def _default(value, lang: str) -> str:
+def _text(text: str) -> str:
+    """A tooltip as one paragraph of Markdown (the schema's line breaks are not the page's)."""
+    return " ".join(str(text).split())
+
+
+def _default(value, lang: str) -> str | None:
     if value is None:
-        return "—"
+        return None
     if isinstance(value, str):
         return f"`{value}`" if value else f"*{WORDS[lang]['none']}*"
     if isinstance(value, bool):
@@ -128,33 +152,40 @@ def _default(value, lang: str) -> str:
     return f"`{value}`"
 
 
-def _tables(doc: NodeDoc, lang: str, defs: dict) -> str:
+def _block(head: list[str], text: str) -> str:
+    """One input or output: a line naming it (name, type, default, marks), then what it does. Two short
+    paragraphs, never a table: the help panel can be 225 px wide, and a table cannot wrap below its widest
+    cell."""
+    return " · ".join(head) + ("\n\n" + text if text else "")
+
+
+def _blocks(doc: NodeDoc, lang: str, defs: dict) -> str:
+    """The inputs and outputs, from the schema: one block each, in the schema's order."""
     w = WORDS[lang]
     entry = defs.get(doc.node_id, {})
-    rows = [f"## {w['inputs']}", "", f"| {w['input']} | {w['type']} | {w['default']} | {w['about']} |",
-            "|---|---|---|---|"]  # fmt: skip
+    parts = [f"## {w['inputs']}"]
+    if any(inp.advanced for inp in doc.inputs):
+        parts.append(w["folded"])
     for inp in doc.inputs:
         tooltip = inp.tooltip if lang == "en" else entry["inputs"][inp.name].get("tooltip", "")
-        notes = []
-        if inp.optional:
-            notes.append(w["optional"])
-        if inp.advanced:
-            notes.append(w["advanced"])
+        head = [_label(doc, lang, defs, inp.name, bold=True), f"`{'COMBO' if inp.options else inp.type}`"]
+        default = _default(inp.default, lang)
+        if default is not None:
+            head.append(f"{w['default']} {default}")
+        marks = [w[k] for k in ("optional", "advanced") if getattr(inp, k)]
+        if marks:
+            head.append(f"*{w['and'].join(marks)}*")
+        text = _text(tooltip)
         if inp.options and len(inp.options) <= 12 and not inp.name.endswith("_name"):  # not a folder's files
-            notes.append(f"{w['choices']}: " + ", ".join(f"`{o}`" for o in inp.options))
-        about = _cell(tooltip) + (f" *({'; '.join(notes)})*" if notes else "")
-        kind = "COMBO" if inp.options else inp.type
-        label, default = _label(doc, lang, defs, inp.name), _default(inp.default, lang)
-        rows.append(f"| {label} | `{kind}` | {default} | {about} |")
-    rows += ["", f"## {w['outputs']}", "", f"| {w['output']} | {w['type']} | {w['about']} |", "|---|---|---|"]
-    for i, (name, kind, tooltip) in enumerate(doc.outputs):
+            choices = w["choices"] + w["and"].join(f"`{o}`" for o in inp.options) + w["stop"]
+            text = f"{text} {choices}" if text else choices
+        parts.append(_block(head, text))
+    parts.append(f"## {w['outputs']}")
+    for i, (_, kind, tooltip) in enumerate(doc.outputs):
         if lang != "en":
             tooltip = entry["outputs"][str(i)].get("tooltip", "")
-            label = f"**{entry['outputs'][str(i)]['name']}**（`{name}`）"
-        else:
-            label = f"`{name}`"
-        rows.append(f"| {label} | `{kind}` | {_cell(tooltip)} |")
-    return "\n".join(rows)
+        parts.append(_block([_output_label(doc, lang, defs, i), f"`{kind}`"], _text(tooltip)))
+    return "\n\n".join(parts)
 
 
 def _sections(doc: NodeDoc, lang: str) -> list[str]:
@@ -187,6 +218,32 @@ def _fill(doc: NodeDoc, lang: str, defs: dict, text: str, where: str) -> str:
     return PLACEHOLDER.sub(lambda m: _label(doc, lang, defs, m.group(1)), text)
 
 
+def _html_code(code: str) -> str:
+    """One code span's text as HTML, Markdown's characters as entities."""
+    return "".join(ENTITIES.get(c, c) for c in html.escape(code, quote=False))
+
+
+def breakable(markdown: str) -> str:
+    """The page with every code span that holds a long run (``LONG_CODE``) as ``<code>`` with break points,
+    and break points in every long run of a name outside code (``LONG_TEXT``)."""
+
+    def span(match: re.Match) -> str:
+        code = match.group(1)
+        if all(len(word) <= LONG_CODE for word in code.split()):
+            return match.group(0)
+        words = re.split(r"(\s+)", code)
+        return "<code>" + "".join(
+            "<wbr>".join(_html_code(part) for part in BREAKS.split(word)) if len(word) > LONG_CODE
+            else _html_code(word) for word in words
+        ) + "</code>"  # fmt: skip
+
+    def text(run: re.Match) -> str:
+        return "<wbr>".join(TEXT_BREAKS.split(run.group(0)))
+
+    pieces = re.split(r"(`[^`\n]+`)", markdown)  # text, code span, text, ...
+    return "".join(CODE_SPAN.sub(span, p) if i % 2 else TEXT_RUN.sub(text, p) for i, p in enumerate(pieces))
+
+
 def page(doc: NodeDoc, lang: str, defs: dict) -> str:
     where = f"docs/node-help/{lang}/{doc.node_id}.md"
     purpose, wiring, mistakes = (_fill(doc, lang, defs, s, where) for s in _sections(doc, lang))
@@ -195,15 +252,17 @@ def page(doc: NodeDoc, lang: str, defs: dict) -> str:
     else:
         title, description = defs[doc.node_id]["display_name"], defs[doc.node_id].get("description", "")
     head = f"# {title}\n\n`{doc.node_id}`" + (f" · {description}" if description else "")
-    parts = [head, purpose, _tables(doc, lang, defs), wiring, mistakes]
-    return "\n\n".join(parts) + "\n"
+    parts = [head, purpose, _blocks(doc, lang, defs), wiring, mistakes]
+    return breakable("\n\n".join(parts)) + "\n"
 
 
 def expected_files() -> dict[Path, str]:
     defs = zh_defs()
     files = {}
     for doc in NODE_DOCS.values():
-        files[WEB_DOCS / f"{doc.node_id}.md"] = page(doc, "en", defs)
+        english = page(doc, "en", defs)
+        files[WEB_DOCS / doc.node_id / "en.md"] = english
+        files[WEB_DOCS / f"{doc.node_id}.md"] = english  # the fallback: any other language
         files[WEB_DOCS / doc.node_id / "zh.md"] = page(doc, "zh", defs)
     files[ZH_NODE_DEFS] = json.dumps(defs, ensure_ascii=False, indent=2) + "\n"
     return files

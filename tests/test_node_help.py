@@ -18,10 +18,14 @@ DOCS = help_pages.NODE_DOCS  # every registered node, read from its class under 
 
 
 def test_the_committed_pages_are_the_generated_ones():
+    # the help panel asks /extensions/<pack>/docs/<NodeId>/<locale>.md first, then <NodeId>.md: each node has
+    # a page where it asks first in English and Chinese, and the English one again for other languages
     files = help_pages.expected_files()
-    assert {p.relative_to(REPO).as_posix() for p in files} == {f"web/docs/{n}.md" for n in DOCS} | {
-        f"web/docs/{n}/zh.md" for n in DOCS
+    assert {p.relative_to(REPO).as_posix() for p in files} == {
+        f"web/docs/{n}{page}" for n in DOCS for page in (".md", "/en.md", "/zh.md")
     } | {"locales/zh/nodeDefs.json"}
+    for n in DOCS:
+        assert files[REPO / "web" / "docs" / n / "en.md"] == files[REPO / "web" / "docs" / f"{n}.md"]
     stale = [str(p.relative_to(REPO)) for p, text in files.items()
              if not p.exists() or p.read_text(encoding="utf-8") != text]  # fmt: skip
     assert not stale, f"run python scripts/build_nodes.py: {stale}"
@@ -36,8 +40,54 @@ def test_every_node_has_a_hand_written_page_in_both_languages(node_id):
         page = help_pages.page(DOCS[node_id], lang, help_pages.zh_defs())
         for heading in help_pages.SECTIONS[lang]:
             assert heading in page
-        for inp in DOCS[node_id].inputs:  # the generated table lists every input of the schema
-            assert f"`{inp.name}`" in page, (node_id, lang, inp.name)
+        for inp in DOCS[node_id].inputs:  # the generated blocks list every input of the schema
+            assert f"`{inp.name}`" in page or _as_html(inp.name) in page, (node_id, lang, inp.name)
+
+
+def _as_html(code: str) -> str:
+    return "<code>" + code.replace("_", "&#95;<wbr>") + "</code>"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_page_fits_a_narrow_panel(lang):
+    # no table (a table cannot wrap below its widest cell: 699 px in a 225 px panel), one block per input
+    # and output: a line naming it, then what it does; no run of code longer than LONG_CODE without a break
+    defs = help_pages.zh_defs()
+    for node_id, doc in DOCS.items():
+        page = help_pages.page(doc, lang, defs)
+        assert not [line for line in page.splitlines() if line.startswith("|")], node_id
+        blocks = page.split(f"\n## {help_pages.WORDS[lang]['inputs']}\n", 1)[1].split("\n## ")
+        inputs, outputs = blocks[0], blocks[1]
+        heads = [p for p in inputs.strip().split("\n\n") if p.startswith("**")]
+        assert len(heads) == len(doc.inputs), node_id
+        for head, inp in zip(heads, doc.inputs):
+            assert inp.name in head.replace("&#95;", "_").replace("<wbr>", ""), (node_id, head)
+            assert (help_pages.WORDS[lang]["advanced"] in head) == inp.advanced, (node_id, head)
+        assert len([p for p in outputs.strip().split("\n\n") if p.startswith("**")]) == len(doc.outputs)
+        for span in help_pages.CODE_SPAN.findall(page):
+            assert all(len(word) <= help_pages.LONG_CODE for word in span.split()), (node_id, span)
+        text = help_pages.CODE_SPAN.sub("", page)
+        for run in help_pages.TEXT_RUN.findall(text):  # a long name outside code: broken after _ . / -
+            assert not help_pages.TEXT_BREAKS.search(run), (node_id, run)
+
+
+def test_long_code_gets_break_points_that_copy_as_nothing():
+    made = help_pages.breakable("Put `mistral_3_small_flux2_bf16.safetensors` in `models/unet`.")
+    assert made == (
+        "Put <code>mistral&#95;<wbr>3&#95;<wbr>small&#95;<wbr>flux2&#95;<wbr>bf16.<wbr>safetensors</code> "
+        "in `models/unet`."
+    )
+    # a long node id breaks between its words; Markdown's characters are entities, HTML is escaped
+    assert help_pages.breakable("`Flux1FillTextEncoderLoader`") == (
+        "<code>Flux1<wbr>Fill<wbr>Text<wbr>Encoder<wbr>Loader</code>"
+    )
+    assert help_pages.breakable("`a *b* <c> very_long_identifier_name`") == (
+        "<code>a &#42;b&#42; &lt;c&gt; very&#95;<wbr>long&#95;<wbr>identifier&#95;<wbr>name</code>"
+    )
+    assert help_pages.breakable("`short_name`") == "`short_name`"
+    assert help_pages.breakable("put it in models/diffusion_models, or `x`") == (
+        "put it in models/<wbr>diffusion_<wbr>models, or `x`"
+    )
 
 
 def test_a_page_naming_an_input_the_node_lacks_is_refused():
@@ -100,8 +150,9 @@ def test_comfyui_serves_the_pages_from_the_web_directory():
     # ComfyUI serves a pack's WEB_DIRECTORY under /extensions/<folder>/; the help panel asks for docs/ there
     source = (REPO / "__init__.py").read_text(encoding="utf-8")
     assert 'WEB_DIRECTORY = "./web"' in source
-    assert (REPO / "web" / "docs" / "Flux2KleinSampler.md").is_file()
-    assert not list((REPO / "web").rglob("*.js")), "a .js file in web/ is loaded as a frontend extension"
+    assert (REPO / "web" / "docs" / "Flux2KleinSampler" / "en.md").is_file()
+    # the editor loads every .js file under WEB_DIRECTORY as a frontend extension: none among the pages
+    assert {p.suffix for p in (REPO / "web" / "docs").rglob("*") if p.is_file()} == {".md"}
 
 
 def test_every_template_card_has_its_thumbnail_and_the_section_its_name():
