@@ -5,12 +5,14 @@ back, gated residual. Each step it names goes through the call's ops:
 
 - ``PlainOps``, the reference form: PyTorch ops, op for op BFL's and diffusers' arithmetic, and
   ``scaled_dot_product_attention``. What every device but a CPU runs;
-- ``CpuOps``, a CPU in float32: the same arithmetic, with RoPE rotated a chunk of tokens at a time (its
-  float32 temporaries stay in cache and below the C allocator's reuse threshold);
-- ``FusedOps``, for a CPU computing below float32 without gradients: the elementwise steps fused (one
-  rounding), q/k norm and RoPE in one pass over chunks of tokens, the largest temporaries in one buffer reused
-  by every block of the call (no fresh pages per block), and the attention kernel measured per shape class
-  (``attention.KernelChoice``). The same values within the dtype's rounding.
+- ``CpuOps``, a CPU in float32: the same arithmetic and the same values, with RoPE rotated a chunk of tokens
+  at a time (its float32 temporaries stay in cache and below the C allocator's reuse threshold), the largest
+  temporaries in one buffer reused by every block of the call (no fresh pages per block), and modulation and
+  the gated residual in place on their own temporaries;
+- ``FusedOps``, for a CPU computing below float32 without gradients: the CPU ops' buffer, the
+  elementwise steps fused (one rounding), q/k norm and RoPE in one pass over chunks of tokens, and the
+  attention kernel measured per shape class (``attention.KernelChoice``). The same values within the
+  dtype's rounding.
 
 ``ops_for(device, dtype)`` chooses; ``FLUX2_BLOCK_OPS=plain`` or ``fused`` overrides the choice anywhere
 (the GPU device check times both). Under ``torch.compile`` the plain ops run (the compiler fuses their steps
@@ -73,36 +75,44 @@ KERNELS = KernelChoice()  # the process's measured attention kernels (FusedOps)
 
 
 class CpuOps(PlainOps):
-    """The reference arithmetic on a CPU, without gradients: RoPE in chunks of tokens, in place on the
-    norms' outputs (the same values)."""
+    """The reference arithmetic on a CPU, without gradients: the very same values, with fewer fresh pages and
+    passes over memory. One per DiT call: it holds the call's buffer.
+
+    - RoPE in chunks of tokens, in place on the norms' outputs;
+    - the largest temporaries in one buffer the call's blocks reuse (``fused.Scratch``): a stream's input
+      projection and MLP input, a single block's fused projection (its MLP activation written over its
+      start, attention's output over v's rows, so ``linear2``'s input needs no concatenation). Above the C
+      allocator's reuse threshold every fresh tensor is pages the kernel faults in and zeroes, in every block;
+    - modulation and the gated residual computed in place on their own temporaries (a product and a sum are
+      the same whichever operand comes first).
+    """
 
     name = "cpu"
 
-    def qk_norm_rope(self, q, k, norm, table):
-        q, k = norm.query_norm(q).to(q.dtype), norm.key_norm(k).to(k.dtype)
-        return fused.rope_in_chunks(q, table), fused.rope_in_chunks(k, table)
-
-
-class FusedOps(CpuOps):
-    """The fused forms, the call's scratch buffer and the measured attention kernel (module docstring).
-    One per DiT call: it holds the buffer for the call."""
-
-    name = "fused"
-
-    def __init__(self, kernels: KernelChoice | None = None):
-        self.kernels = kernels or KERNELS
+    def __init__(self):
         self.scratch = fused.Scratch()
         self.projected: torch.Tensor | None = None  # the last ``project`` output (a single block's rows)
 
     def modulate(self, x, shift, scale):
-        return fused.modulate(x, shift, scale)
+        normed = pointwise.layer_norm(x)
+        if normed.shape != torch.broadcast_shapes(normed.shape, shift.shape, scale.shape):
+            return super().modulate(x, shift, scale)
+        return normed.mul_(1 + scale).add_(shift)
 
     def gated(self, x, gate, out):
-        return fused.gated(x, gate, out)
+        """``out`` (a layer's fresh output, nothing else holds it) scaled and summed in place."""
+        if (
+            out.shape != x.shape
+            or out.dtype != x.dtype
+            or gate.dtype != x.dtype
+            or out.shape != torch.broadcast_shapes(out.shape, gate.shape)
+        ):
+            return super().gated(x, gate, out)
+        return out.mul_(gate).add_(x)
 
     def qk_norm_rope(self, q, k, norm, table):
-        # the queries are this block's own (a projection's rows): overwritten in place
-        return fused.norm_rope(q, norm.query_norm, table, out=q), fused.norm_rope(k, norm.key_norm, table)
+        q, k = norm.query_norm(q).to(q.dtype), norm.key_norm(k).to(k.dtype)
+        return fused.rope_in_chunks(q, table), fused.rope_in_chunks(k, table)
 
     def project(self, layer, x):
         rows = self.scratch.take((*x.shape[:-1], layer.out_features), x)
@@ -128,6 +138,26 @@ class FusedOps(CpuOps):
             return super().join(attn, mlp)
         rows[..., 2 * h : 3 * h].copy_(attn)
         return rows[..., 2 * h : 3 * h + mlp.shape[-1]]
+
+
+class FusedOps(CpuOps):
+    """The fused forms and the measured attention kernel on the CPU ops' buffer (module docstring)."""
+
+    name = "fused"
+
+    def __init__(self, kernels: KernelChoice | None = None):
+        super().__init__()
+        self.kernels = kernels or KERNELS
+
+    def modulate(self, x, shift, scale):
+        return fused.modulate(x, shift, scale)
+
+    def gated(self, x, gate, out):
+        return fused.gated(x, gate, out)
+
+    def qk_norm_rope(self, q, k, norm, table):
+        # the queries are this block's own (a projection's rows): overwritten in place
+        return fused.norm_rope(q, norm.query_norm, table, out=q), fused.norm_rope(k, norm.key_norm, table)
 
     def attention(self, q, k, v, bias=None):
         return attend(q, k, v, bias, self.kernels)
