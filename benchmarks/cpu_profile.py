@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_profile.py                                   # klein 4B, 9B and dev widths, bf16
     python benchmarks/cpu_profile.py --shapes klein-4b --sizes 512 1024 --refs 0 1 --json out.json
+    python benchmarks/cpu_profile.py --shapes klein-4b --dtype float32 --impls ours diffusers  # both
 
 Each shape runs at its real widths (hidden size, heads, text width; FLUX.2 [dev] with its guidance embedder)
 with fewer blocks (``--depth`` + ``--single``: the step's share of each kind of work is the same per block),
@@ -24,6 +25,12 @@ sit on each kind of ops and time whichever the step uses (the JSON names it):
   copies around attention, the embedders;
 - ``page faults``: the minor page faults the step caused (fresh memory the allocator got from the system and
   the kernel zeroed), with their count; their time is inside the rows above.
+
+``--impls ours diffusers`` profiles diffusers' ``Flux2Transformer2DModel`` on the same weights (ours loaded
+from its state dict in BFL's layout, as ``suite.py`` does) with the same split, its parts wrapped where its
+blocks reach them: ``nn.Linear``, ``dispatch_attention_fn`` (its SDPA), ``RMSNorm`` (q/k norm),
+``apply_rotary_emb`` (rope), ``LayerNorm`` (modulation: the scale and shift it applies inline count in
+``rest``) and ``Flux2SwiGLU``. The two alternate per round, so a drift of the machine reaches both.
 
 The matmul peak (``suite.matmul_peak``) is measured in the same run, and each row's achieved GFLOP/s (the
 linear and attention FLOPs counted from the shape) is shown against it. ``--json`` writes the table.
@@ -103,6 +110,19 @@ def instrument(timers: Timers) -> None:
     ops.Linear.forward = timers.wrap("linear", linear)
 
 
+def instrument_diffusers(timers: Timers) -> None:
+    """The same split on diffusers' FLUX.2 DiT: its parts wrapped where its blocks reach them (the module
+    docstring). Its linear layers are ``nn.Linear`` (ours, ``ops.Linear``, is no subclass: nothing twice)."""
+    from diffusers.models.transformers import transformer_flux2 as dm
+
+    torch.nn.Linear.forward = timers.wrap("linear", torch.nn.Linear.forward)
+    dm.dispatch_attention_fn = timers.wrap("attention", dm.dispatch_attention_fn)
+    dm.apply_rotary_emb = timers.wrap("rope", dm.apply_rotary_emb)
+    torch.nn.RMSNorm.forward = timers.wrap("qk norm", torch.nn.RMSNorm.forward)
+    torch.nn.LayerNorm.forward = timers.wrap("modulation", torch.nn.LayerNorm.forward)
+    dm.Flux2SwiGLU.forward = timers.wrap("mlp activation", dm.Flux2SwiGLU.forward)
+
+
 def relayout_seconds(calls: list[tuple[tuple[int, ...], ops.Linear]], dtype: torch.dtype) -> float | None:
     """How much of the linear layers' time goes to laying their weights out per call: each product timed as
     ``F.linear`` does it and with the weight laid out once beforehand (best of 3 each), summed."""
@@ -130,31 +150,63 @@ def build(config, dtype) -> Flux2Transformer:
     return net.eval()
 
 
-def profile_case(net, case: sm.Case, dtype, timers: Timers, rounds: int) -> dict:
-    dev = net.config.guidance_embed
-    inp = sm.make_inputs(case, net.config.context_in_dim, "cpu", dtype, guidance=4.0 if dev else None)
-    g = inp.extra.get("guidance")
+def build_impls(config, dtype, names) -> dict:
+    """The step makers of ``names`` on one set of random weights: ours alone (built directly), or ours loaded
+    from diffusers' model's state dict beside it (``suite.py``'s way)."""
+    if names == ["ours"]:
+        net = build(config, dtype)
+
+        def ours(case, inp):
+            g = inp.extra.get("guidance")
+
+            def step():
+                refs = None if inp.ref is None else (inp.ref, inp.ref_ids)
+                return net(inp.x, inp.x_ids, inp.t, inp.ctx, call_extras(references=refs, guidance=g))
+
+            return step
+
+        return {"ours": ours}
+    from tiny_dit import bfl_state_dict
+
+    theirs = sm.build_diffusers_dit(config, "cpu", dtype)
+    bfl = bfl_state_dict(theirs)
+    impls = {"ours": sm.Ours(bfl, "cpu", dtype).step, "diffusers": sm.Diffusers(theirs).step}
+    return {name: impls[name] for name in names}
+
+
+def profile_case(impls: dict, config, case: sm.Case, dtype, timers: Timers, rounds: int) -> dict:
+    """Each of ``impls``' steps on the same inputs: warmed up, then ``rounds`` rounds alternating between
+    them; each one's fastest round with its split."""
+    dev = config.guidance_embed
+    inp = sm.make_inputs(case, config.context_in_dim, "cpu", dtype, guidance=4.0 if dev else None)
     with torch.inference_mode():
         used = block_ops.ops_for("cpu", dtype).name  # the block ops the step runs (chosen without grad)
-
-        def step():
-            ref = inp.ref
-            refs = None if ref is None else (ref, inp.ref_ids)
-            return net(inp.x, inp.x_ids, inp.t, inp.ctx, call_extras(references=refs, guidance=g))
-
-        step()  # warm-up: the attention kernel's choice is measured here, once per shape class
-        runs = []
+        steps = {name: make(case, inp) for name, make in impls.items()}
+        for step in steps.values():
+            step()  # warm-up: the attention kernel's choice is measured here, once per shape class
+        runs = {name: [] for name in steps}
         for _ in range(rounds):
-            timers.seconds.clear()
-            timers.linear_shapes.clear()
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            timers.on = True
-            start = time.perf_counter()
-            step()
-            total = time.perf_counter() - start
-            timers.on = False
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-            runs.append((total, dict(timers.seconds), faults, list(timers.linear_shapes)))
+            for name, step in steps.items():
+                runs[name].append(measure(step, timers))
+    return {n: summary(r, dtype, config, case, used if n == "ours" else n) for n, r in runs.items()}
+
+
+def measure(step, timers: Timers) -> tuple:
+    """One timed step: its total, the split, the page faults and the linear calls."""
+    timers.seconds.clear()
+    timers.linear_shapes.clear()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    timers.on = True
+    start = time.perf_counter()
+    step()
+    total = time.perf_counter() - start
+    timers.on = False
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return total, dict(timers.seconds), faults, list(timers.linear_shapes)
+
+
+def summary(runs: list, dtype, config, case, used: str) -> dict:
+    """One implementation's fastest round, its split (``rest``: what no wrapper timed) and re-layout share."""
     total, parts, faults, calls = min(runs, key=lambda r: r[0])
     relayout = relayout_seconds(calls, dtype)
     parts["rest"] = total - sum(parts.values())
@@ -164,7 +216,7 @@ def profile_case(net, case: sm.Case, dtype, timers: Timers, rounds: int) -> dict
         "parts_s": parts,
         "relayout_s": relayout,
         "page_faults": faults,
-        "flops": sm.dit_flops(net.config, case),
+        "flops": sm.dit_flops(config, case),
         "ops": used,
         "attention": {str(k): v for k, v in block_ops.KERNELS.chosen.items()},
     }
@@ -193,6 +245,7 @@ def main() -> None:
     p.add_argument("--single", type=int, default=4, help="single blocks")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--heads", type=int, help="narrower than the real widths: heads x 128 (tests)")
+    p.add_argument("--impls", nargs="+", default=["ours"], choices=["ours", "diffusers"])
     p.add_argument("--json")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -202,7 +255,9 @@ def main() -> None:
     print(f"{args.dtype} matmul peak {peak:.0f} GFLOP/s")
     timers = Timers()
     instrument(timers)
-    head = "| shape | case | step | GFLOP/s (% peak) | " + " | ".join((*KINDS, "rest"))
+    if "diffusers" in args.impls:
+        instrument_diffusers(timers)
+    head = "| shape | case | impl | step | GFLOP/s (% peak) | " + " | ".join((*KINDS, "rest"))
     head += " | of linear: weight re-layout | page faults |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     out = {"machine": info, "matmul_peak_gflops": peak, "args": vars(args), "cases": {}}
@@ -210,18 +265,20 @@ def main() -> None:
         config = replace(SHAPES[shape], depth=args.depth, depth_single_blocks=args.single)
         if args.heads:
             config = replace(config, hidden_size=128 * args.heads, num_heads=args.heads, context_in_dim=96)
-        net = build(config, dtype)
+        impls = build_impls(config, dtype, args.impls)
         for size in args.sizes:
             for refs in args.refs:
                 if refs and size != args.sizes[0]:
                     continue  # edits at the first size only
                 name = f"t2i {size}²" if not refs else f"edit {size}² + {refs} ref"
-                res = profile_case(net, sm.Case(name, size, refs, 512), dtype, timers, args.rounds)
-                out["cases"][f"{shape} {name}"] = res
-                row = report_row(shape, name, res, peak)
-                print(row, flush=True)
-                lines.append(row)
-        del net
+                case = sm.Case(name, size, refs, 512)
+                results = profile_case(impls, config, case, dtype, timers, args.rounds)
+                for impl, res in results.items():
+                    out["cases"][f"{shape} {name} {impl}"] = res
+                    row = report_row(shape, f"{name} | {impl}", res, peak)
+                    print(row, flush=True)
+                    lines.append(row)
+        del impls
     print("\n" + "\n".join(lines))
     cases = out["cases"].values()
     spread = [statistics.pstdev(r["totals_s"]) / statistics.mean(r["totals_s"]) for r in cases]
