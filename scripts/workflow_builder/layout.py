@@ -106,10 +106,11 @@ def outpaint_pad(g: Graph, image: Node, col: str) -> Node:
 
 def note(g: Graph, text: str) -> Node:
     """The note, above the prompts (``columns`` puts it on top)."""
+    lines = len(text.strip().splitlines())  # Nodes 2.0 draws the whole text: room for each line past 12
     return g.add(
         "MarkdownNote",
         PROMPT,
-        NOTE_SIZE,
+        (NOTE_SIZE[0], NOTE_SIZE[1] + 60 * max(0, lines - 12)),
         {"text": text},
         title="About this workflow",
         color=NOTE_COLOR[0],
