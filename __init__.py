@@ -14,6 +14,19 @@ try:
 except ImportError:
     __all__ = []
 else:
+    import os
+
     from .nodes import comfy_entrypoint
+    from .nodes.template_pictures import add_routes
+
+    try:
+        from server import PromptServer  # ComfyUI's web server, created before the packs load
+    except ImportError:  # a host without ComfyUI's server: no template browser either
+        pass
+    else:
+        # The template cards' pictures where the core's route would answer 404 (nodes/template_pictures.py);
+        # the folder's name as ComfyUI lists the pack's templates under (not the link's target).
+        _pack = os.path.dirname(os.path.abspath(__file__))
+        add_routes(PromptServer.instance.routes, os.path.basename(_pack), os.path.join(_pack, "workflows"))
 
     __all__ = ["WEB_DIRECTORY", "comfy_entrypoint"]
