@@ -147,19 +147,25 @@ def test_suite_fp8_weights_run_every_implementation_on_fp8_blocks(tmp_path):
 
 
 def test_the_cpu_profile_splits_a_step_by_kind_of_work(tmp_path):
-    """``cpu_profile.py`` at a tiny width in bf16: every kind of work timed, the shares and the re-layout
-    within the step, the page faults counted, the attention kernel's choice listed."""
+    """``cpu_profile.py`` at a tiny width in bf16, ours and diffusers' forward on the same weights: every kind
+    of work timed, the shares and the re-layout within the step, the page faults counted, the attention
+    kernel's choice listed."""
     out = tmp_path / "profile.json"
     cmd = [sys.executable, "cpu_profile.py", "--shapes", "klein-4b", "dev", "--heads", "1", "--sizes", "64",
-           "--refs", "0", "1", "--rounds", "1", "--json", str(out)]  # fmt: skip
+           "--refs", "0", "1", "--rounds", "1", "--impls", "ours", "diffusers", "--json", str(out)]  # fmt: skip
     run = subprocess.run(cmd, cwd=REPO / "benchmarks", capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert set(report["cases"]) == {"klein-4b t2i 64²", "klein-4b edit 64² + 1 ref", "dev t2i 64²",
-                                    "dev edit 64² + 1 ref"}  # fmt: skip
-    for case in report["cases"].values():
+    cases = ("klein-4b t2i 64²", "klein-4b edit 64² + 1 ref", "dev t2i 64²", "dev edit 64² + 1 ref")
+    assert set(report["cases"]) == {f"{c} {impl}" for c in cases for impl in ("ours", "diffusers")}
+    for name, case in report["cases"].items():
         parts = case["parts_s"]
-        assert parts["linear"] > 0 and parts["attention"] > 0 and parts["qk norm + rope"] > 0
+        assert parts["linear"] > 0 and parts["attention"] > 0
+        if name.endswith("ours"):  # q/k norm and RoPE in one pass below float32
+            assert parts["qk norm + rope"] > 0
+        else:  # diffusers' own norm and rotary embedding
+            assert parts["qk norm"] > 0 and parts["rope"] > 0
         assert abs(sum(parts.values()) - case["total_s"]) < 1e-9  # the rest is what the kinds leave
         assert 0 <= case["relayout_s"] and case["page_faults"] >= 0
-    assert "| klein-4b | t2i 64² |" in run.stdout and "attention kernels chosen" in run.stdout
+    assert "| klein-4b | t2i 64² | ours |" in run.stdout and "| dev | t2i 64² | diffusers |" in run.stdout
+    assert "attention kernels chosen" in run.stdout
