@@ -152,7 +152,8 @@ def test_the_cpu_profile_splits_a_step_by_kind_of_work(tmp_path):
     kernel's choice listed."""
     out = tmp_path / "profile.json"
     cmd = [sys.executable, "cpu_profile.py", "--shapes", "klein-4b", "dev", "--heads", "1", "--sizes", "64",
-           "--refs", "0", "1", "--rounds", "1", "--impls", "ours", "diffusers", "--json", str(out)]  # fmt: skip
+           "--refs", "0", "1", "--rounds", "1", "--impls", "ours", "diffusers",
+           "--json", str(out)]  # fmt: skip
     run = subprocess.run(cmd, cwd=REPO / "benchmarks", capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(out.read_text())
