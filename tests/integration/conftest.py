@@ -1,5 +1,6 @@
-"""The integration tests' fixtures: a real ComfyUI server with this pack installed (``comfy_server``), and
-every test here marked ``comfyui`` and skipped, with the reason, when ``COMFYUI_PATH`` is not set."""
+"""The integration tests' fixtures: a real ComfyUI server with this pack installed (``comfy_server``), a
+headless Chromium for the frontend checks, and every test here marked ``comfyui`` and skipped, with the
+reason, when ``COMFYUI_PATH`` is not set."""
 
 from __future__ import annotations
 
@@ -33,3 +34,17 @@ def fp8_compute_comfy(tmp_path_factory) -> ComfyServer:
 def empty_comfy(tmp_path_factory) -> ComfyServer:
     """A second server whose model folders are empty, as on a newcomer's first start."""
     yield from serve(tmp_path_factory, with_models=False)
+
+
+@pytest.fixture(scope="module")
+def browser(comfy):
+    """A headless Chromium (playwright) for the frontend checks; skipped, with the reason, without one."""
+    from test_frontend import CHROMIUM, FLAGS
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the frontend check needs playwright")
+    if not CHROMIUM:
+        pytest.skip("no Chromium found (install chromium or set CHROMIUM): the frontend check needs one")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield chromium
+        chromium.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from comfy_server import PACK_LINK
-from test_frontend_pack import NEW_NODE, OPEN_INFO, _editor, browser, settings  # noqa: F401  (fixtures)
+from test_frontend_pack import NEW_NODE, OPEN_INFO, _editor, settings  # noqa: F401  (a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = sorted(p.stem for p in (REPO / "docs" / "node-help" / "en").glob("*.md"))  # a page per node
@@ -40,7 +40,7 @@ WIDTHS = """() => {
 
 
 @pytest.mark.parametrize("locale", ["en", "zh"])
-def test_every_nodes_help_is_asked_where_it_is_and_fits_the_panel(comfy, browser, settings, locale):  # noqa: F811
+def test_every_nodes_help_is_asked_where_it_is_and_fits_the_panel(comfy, browser, settings, locale):  # noqa: F811  (settings)
     settings("Comfy.Locale", locale)
     responses = []
     page = _editor(browser, comfy, responses)

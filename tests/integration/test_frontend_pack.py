@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from comfy_server import PACK_LINK
 from node_contract import ADVANCED
-from test_frontend import CHROMIUM, FLAGS, LAPTOP
+from test_frontend import LAPTOP
 
 REPO = Path(__file__).resolve().parents[2]
 EDITOR_WORKFLOWS = sorted(p.stem for p in (REPO / "workflows").glob("*.json"))
@@ -45,17 +45,6 @@ def _setting(comfy, key: str, value=None):
     urllib.request.urlopen(
         urllib.request.Request(f"{comfy.url}/api/settings/{key}", data=body, method="POST"), timeout=30
     ).read()
-
-
-@pytest.fixture(scope="module")
-def browser(comfy):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the frontend check needs playwright")
-    if not CHROMIUM:
-        pytest.skip("no Chromium found (install chromium or set CHROMIUM): the frontend check needs one")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture

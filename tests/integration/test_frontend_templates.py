@@ -14,7 +14,6 @@ and a Chromium; skipped with the reason without them.
 
 from __future__ import annotations
 
-import json
 import sys
 import urllib.parse
 import urllib.request
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from comfy_server import PACK_LINK
-from test_frontend import CHROMIUM, FLAGS
+from test_frontend_pack import _setting
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = sorted(p.stem for p in (REPO / "workflows").glob("*.json"))
@@ -52,27 +51,6 @@ OPEN_AS_TEMPLATE = """async ([pack, name]) => {
     }
     return {scale: canvas.ds.scale, threshold: canvas._lowQualityZoomThreshold, nodes: boxes};
 }"""
-
-
-def _setting(comfy, key: str, value=None):
-    if value is None:
-        with urllib.request.urlopen(f"{comfy.url}/api/settings/{key}", timeout=30) as response:
-            return json.loads(response.read() or b"null")
-    request = urllib.request.Request(
-        f"{comfy.url}/api/settings/{key}", data=json.dumps(value).encode(), method="POST"
-    )
-    urllib.request.urlopen(request, timeout=30).read()
-
-
-@pytest.fixture(scope="module")
-def browser(comfy):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the frontend check needs playwright")
-    if not CHROMIUM:
-        pytest.skip("no Chromium found (install chromium or set CHROMIUM): the frontend check needs one")
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield chromium
-        chromium.close()
 
 
 def _editor(browser, comfy, window):
