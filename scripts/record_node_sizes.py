@@ -4,8 +4,10 @@
 
 The editor enlarges a node to the room its inputs and widgets need (every optional widget shown, advanced ones
 included), whatever size the file stores; in Nodes 2.0 each node is a page element with a least size of its
-own (recorded with its header, with Nodes 2.0 switched on for the measurement and back off after it).
-``--merge`` keeps the larger of two editor versions' sizes.
+own (recorded with its header, with Nodes 2.0 switched on for the measurement and back off after it), and
+the room it keeps beside a combo's value. With them: each widget's label and number precision, and the
+advance of each character in the canvas's fonts, so the builder can make every node wide enough that no
+label, value or title is cut. ``--merge`` keeps the larger of two editor versions' figures.
 The builder lays the bundled workflows out with these sizes, so no
 node hides another once drawn (``workflow_builder/node_sizes.json``). Needs ``playwright`` and a Chromium;
 the integration tests check the recorded sizes against the editor the server serves
@@ -25,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from workflow_builder.schemas import NODE_SPECS  # noqa: E402  (the package beside this script)
-from workflow_builder.sizes import MEASURE, MEASURE_VUE, READY, SIZES_FILE  # noqa: E402
+from workflow_builder.sizes import MEASURE, MEASURE_TEXT, MEASURE_VUE, READY, SIZES_FILE  # noqa: E402
 
 # Flags for a headless Chromium on a machine with no network but loopback (no background connections).
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -52,8 +54,10 @@ def setting(url: str, key: str, value=None):
     ).read()
 
 
-def measure_vue(browser, url: str) -> dict[str, list[int]]:
-    """{node type: [width, height]} of each node's Nodes 2.0 element, its header included."""
+def measure_vue(browser, url: str) -> dict:
+    """{"sizes": {node type: [width, height]} of each node's Nodes 2.0 element, its header included,
+    "open": the same with its advanced inputs shown (a node that has some), "rooms": {node type: the width
+    its combos' values do not get}}."""
     before = setting(url, "Comfy.VueNodes.Enabled")
     setting(url, "Comfy.VueNodes.Enabled", True)
     try:
@@ -71,13 +75,54 @@ def measure_vue(browser, url: str) -> dict[str, list[int]]:
         setting(url, "Comfy.VueNodes.Enabled", bool(before))
 
 
+def merge(before: dict, mine: dict) -> None:
+    """Keep in ``mine`` the larger of each figure recorded ``before`` (another editor version) and its own."""
+    for table in ("sizes", "vue", "vue_open"):
+        for node_type, (w, h) in before.get(table, {}).items():
+            new = mine[table].get(node_type, [0, 0])
+            mine[table][node_type] = [max(w, new[0]), max(h, new[1])]
+    for node_type, room in before.get("vue_rooms", {}).items():
+        mine["vue_rooms"][node_type] = max(room, mine["vue_rooms"].get(node_type, 0))
+    for font, recorded in before.get("fonts", {}).items():
+        advance = mine["fonts"].setdefault(font, recorded)["advance"]
+        for ch, width in recorded["advance"].items():
+            advance[ch] = max(width, advance.get(ch, 0))
+    for node_type, widgets in before.get("widgets", {}).items():
+        for name, (label, precision) in widgets.items():
+            mine_label, mine_precision = (
+                mine["widgets"].setdefault(node_type, {}).get(name, [label, precision])
+            )
+            precisions = [p for p in (precision, mine_precision) if p is not None]
+            mine["widgets"][node_type][name] = [
+                max(label, mine_label, key=len),
+                max(precisions, default=None),
+            ]
+
+
+def write(recorded: dict, version: str) -> None:
+    def table(figures: dict) -> str:
+        return ",\n".join(f"    {json.dumps(k)}: {json.dumps(figures[k])}" for k in sorted(figures))
+
+    fonts = {name: {"font": f["font"], "advance": f["advance"]} for name, f in recorded["fonts"].items()}
+    SIZES_FILE.write_text(
+        f'{{\n  "frontend": {json.dumps(version)},\n'
+        f'  "sizes": {{\n{table(recorded["sizes"])}\n  }},\n'
+        f'  "vue": {{\n{table(recorded["vue"])}\n  }},\n'
+        f'  "vue_open": {{\n{table(recorded["vue_open"])}\n  }},\n'
+        f'  "vue_rooms": {{\n{table(recorded["vue_rooms"])}\n  }},\n'
+        f'  "widgets": {{\n{table(recorded["widgets"])}\n  }},\n'
+        f'  "fonts": {{\n{table(fonts)}\n  }}\n}}\n',
+        encoding="utf-8",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--url", required=True, help="a running ComfyUI with this pack, e.g. http://127.0.0.1:8188"
     )
     parser.add_argument(
-        "--merge", action="store_true", help="keep the larger of each recorded size and this editor's"
+        "--merge", action="store_true", help="keep the larger of each recorded figure and this editor's"
     )
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
@@ -87,26 +132,23 @@ def main(argv: list[str] | None = None) -> int:
         page = browser.new_page()
         page.goto(args.url)
         sizes = measure(page)
+        text = page.evaluate(MEASURE_TEXT, sorted(NODE_SPECS))
         version = page.evaluate("() => window.__COMFYUI_FRONTEND_VERSION__ ?? null")
         vue = measure_vue(browser, args.url)
         browser.close()
+    recorded = {
+        "sizes": sizes,
+        "vue": vue["sizes"],
+        "vue_open": vue["open"],
+        "vue_rooms": vue["rooms"],
+        **text,
+    }
     if args.merge and SIZES_FILE.exists():
         before = json.loads(SIZES_FILE.read_text(encoding="utf-8"))
-        for table, mine in (("sizes", sizes), ("vue", vue)):
-            for node_type, (w, h) in before.get(table, {}).items():
-                new = mine.get(node_type, [0, 0])
-                mine[node_type] = [max(w, new[0]), max(h, new[1])]
+        merge(before, recorded)
         versions = sorted(set(filter(None, str(before.get("frontend") or "").split(", "))) | {version})
         version = ", ".join(versions)
-
-    def table(recorded: dict) -> str:
-        return ",\n".join(f"    {json.dumps(k)}: {json.dumps(recorded[k])}" for k in sorted(recorded))
-
-    SIZES_FILE.write_text(
-        f'{{\n  "frontend": {json.dumps(version)},\n  "sizes": {{\n{table(sizes)}\n  }},\n'
-        f'  "vue": {{\n{table(vue)}\n  }}\n}}\n',
-        encoding="utf-8",
-    )
+    write(recorded, version)
     print(f"wrote {SIZES_FILE} (frontend {version}, {len(sizes)} node types)")
     return 0
 

@@ -140,7 +140,7 @@ def build_fill(r: FillRecipe) -> Graph:
     sampler = g.add(
         "Flux1FillSampler",
         GENERATE,
-        (270, 360),
+        (270, 300),
         {
             "seed": SEED,
             "steps": FILL_STEPS,

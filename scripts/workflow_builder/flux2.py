@@ -176,7 +176,7 @@ def _sampler(g: Graph, r: Recipe, model: Node, positive: Node, negative: Node | 
     values = {"seed": SEED, "steps": r.steps, "guidance": r.guidance, "width": r.width, "height": r.height,
               "batch_size": 1, "denoise": r.denoise, "kv_cache": "reuse", "step_cache": 0.0,
               "position_extrapolation": r.position_extrapolation, "extrapolation_base": 2048}  # fmt: skip
-    sampler = g.add("Flux2KleinSampler", GENERATE, (270, 380), values)
+    sampler = g.add("Flux2KleinSampler", GENERATE, (270, 300), values)
     g.connect(model, sampler, "model")
     g.connect(positive, sampler, "positive")
     if negative is not None:
@@ -238,7 +238,8 @@ def _native_sampling(g: Graph, r: Recipe, model: Node, positive: Node, negative:
     bridges, native_model = [to_model], to_model
     if r.sampling is Sampling.NATIVE_EASYCACHE:
         values = {"reuse_threshold": 0.2, "start_percent": 0.15, "end_percent": 0.95, "verbose": False}
-        native_model = g.add("EasyCache", "native", (270, 130), values)
+        # its settings are the workflow's point: shown in Nodes 2.0 too
+        native_model = g.add("EasyCache", "native", (270, 130), values, show_advanced=True)
         g.connect(to_model, native_model, "model")
         bridges.append(native_model)
     conds = []

@@ -8,15 +8,15 @@ import json
 import uuid
 
 from .graph import Graph, input_index
-from .layout import columns
-from .sizes import arrange, check_group_titles, group_box, view
+from .layout import lay_out
+from .sizes import check_group_titles, group_box, view
 
 WORKFLOW_ID = "comfyui-flux2-klein/workflows/"  # + the name: the uuid5 of each editor workflow's id
 
 
 def to_editor(graph: Graph) -> dict:
     """The graph-editor format (0.4) ComfyUI's frontend saves and loads, laid out as the editor draws it."""
-    arrange(graph, *columns(graph))
+    lay_out(graph)
     check_group_titles(graph)
     order = graph.order()
     nodes = []
@@ -61,6 +61,7 @@ def to_editor(graph: Graph) -> dict:
             "flags": {},
             "order": order[n.id],
             "mode": 0,
+            **({"showAdvanced": True} if n.show_advanced else {}),
             "inputs": inputs,
             "outputs": outputs,
         }

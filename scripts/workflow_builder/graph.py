@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .schemas import NODE_SPECS, NodeSpec
-from .sizes import drawn_size
+from .schemas import NODE_DOCS, NODE_SPECS, NodeSpec
+from .sizes import stored_size
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Node:
     color: str | None = None
     bgcolor: str | None = None
     properties: dict = field(default_factory=dict)
+    show_advanced: bool = False  # opens with its advanced inputs shown in Nodes 2.0 (else folded)
     links_in: dict = field(default_factory=dict)  # input name -> link id
 
     @property
@@ -63,7 +64,13 @@ class Graph:
         expected = [w.name for w in spec.widgets if w.in_api or spec.frontend_only]
         if sorted(values) != sorted(expected):
             raise ValueError(f"{type_}: widgets {sorted(values)} != {sorted(expected)}")
-        node = Node(len(self.nodes) + 1, type_, values, col, drawn_size(type_, size), **kw)
+        if "show_advanced" not in kw:  # shown where the workflow sets one away from its default
+            doc = NODE_DOCS.get(type_)
+            kw["show_advanced"] = doc is not None and any(
+                i.advanced and i.name in values and values[i.name] != i.default for i in doc.inputs
+            )
+        size = stored_size(type_, size, values, kw.get("title"), kw["show_advanced"])
+        node = Node(len(self.nodes) + 1, type_, values, col, size, **kw)
         if not spec.frontend_only:
             node.properties = {"Node name for S&R": type_, **node.properties}
         self.nodes.append(node)

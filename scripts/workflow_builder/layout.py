@@ -2,15 +2,15 @@
 models, the note and the prompts, one column per image the graph reads, the sampling), the loader group, the
 prompt node, the end of the chain (decode, the inpaint composite, save) and the note.
 
-The columns are laid out by ``sizes.arrange``; a graph too wide for a 1920 px window once fitted puts its
-note and prompts under the models (``columns``)."""
+The columns are laid out by ``sizes.arrange``; a graph that opens larger with its note and prompts under the
+models has them there (``lay_out``)."""
 
 from __future__ import annotations
 
 from .graph import Graph, Node
 from .models import models_property
 from .recipe import Mode
-from .sizes import COLUMN_GAP, least_size
+from .sizes import arrange, least_size, opening_scale
 
 SEED = 42  # the API workflows' fixed seed and the editor workflows' first one (then "randomize")
 AUTO_TILES = {"tile_size": 0, "tile_overlap": 64}  # the VAE tiles only what does not fit
@@ -34,7 +34,7 @@ IMAGE_TITLES = {
     Mode.OUTPAINT: "Image to extend",
     Mode.UPSCALE: "Image to enlarge",
 }
-WIDE = 2000  # px: a graph wider than this puts its prompts under its models (fitted at 1920 px: 0.7 or more)
+OPENING_WINDOW = (1920, 1080)  # the window the layouts are chosen for (the template browser fits the graph)
 
 
 def image_column(i: int) -> str:
@@ -42,22 +42,27 @@ def image_column(i: int) -> str:
     return f"image{i + 1}"
 
 
-def columns(g: Graph) -> tuple[list[str], list[Node]]:
-    """The graph's columns, left to right, and the nodes to put at the top of their column (the note, read
-    first). When the models, prompts, image columns and sampling side by side are wider than ``WIDE``, the
-    prompt column's nodes move into the models column."""
+def lay_out(g: Graph) -> None:
+    """Put the graph's nodes in columns, left to right (the models, the prompts with the note on top, one
+    column per image the graph reads, native sampling, the sampling), or with the prompts and the note under
+    the models: of the two, the one the template browser opens at the larger scale
+    (``sizes.opening_scale``)."""
     images = sorted({n.col for n in g.nodes if n.col.startswith("image")}, key=lambda c: int(c[5:]))
     middle = [c for c in ("native", "native2") if any(n.col == c for n in g.nodes)]
     order = [MODELS, PROMPT, *images, *middle, GENERATE]
-    widths = [max((n.size[0] for n in g.nodes if n.col == c), default=-COLUMN_GAP) for c in order]
     notes = [n for n in g.nodes if n.type == "MarkdownNote"]
-    if sum(widths) + COLUMN_GAP * (len(order) - 1) <= WIDE:
-        return order, notes
-    for n in g.nodes:
-        if n.col == PROMPT:
-            n.col = MODELS
-    order.remove(PROMPT)
-    return order, notes
+    prompts = [n for n in g.nodes if n.col == PROMPT]
+    arrange(g, order, notes)
+    if not prompts:
+        return
+    side_by_side = opening_scale(g, OPENING_WINDOW)
+    for n in prompts:
+        n.col = MODELS
+    arrange(g, [c for c in order if c != PROMPT], notes)
+    if opening_scale(g, OPENING_WINDOW) < side_by_side:
+        for n in prompts:
+            n.col = PROMPT
+        arrange(g, order, notes)
 
 
 def loaders(g: Graph, *nodes: tuple[str, tuple, dict, tuple[str, ...]]) -> list[Node]:

@@ -36,6 +36,7 @@ class Widget:
     control_after_generate: bool = False  # the frontend adds a "randomize"/"fixed" value after it
     in_api: bool = True  # False for frontend-only widgets (LoadImage's upload button)
     label: str | None = None  # the frontend's localized_name, when it is not the name
+    multiline: bool = False  # a STRING drawn as a text box of its own (no label, nothing cut)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ def spec_of(node_class, display_name: str) -> NodeSpec:
             if combo or kind in WIDGET_TYPES:
                 widget_type = "COMBO" if combo else kind
                 control = bool(options.get("control_after_generate"))
-                widgets.append(Widget(name, widget_type, optional, control))
+                multiline = bool(options.get("multiline"))
+                widgets.append(Widget(name, widget_type, optional, control, multiline=multiline))
             else:
                 sockets.append(Socket(name, kind, optional))
     names = getattr(node_class, "RETURN_NAMES", None) or node_class.RETURN_TYPES
@@ -158,7 +160,9 @@ NATIVE_SPECS: dict[str, NodeSpec] = {
         widgets=(Widget("filename_prefix", "STRING"),),
         outputs=(("images", "IMAGE"),),
     ),
-    "MarkdownNote": NodeSpec("Markdown Note", widgets=(Widget("text", "STRING"),), frontend_only=True),
+    "MarkdownNote": NodeSpec(
+        "Markdown Note", widgets=(Widget("text", "STRING", multiline=True),), frontend_only=True
+    ),
     # masks (the regional-prompt workflow)
     "SolidMask": NodeSpec(
         "Create Solid Mask",

@@ -2,11 +2,15 @@
 
 The editor draws a node's title bar above its ``pos`` and enlarges the node to the room its widgets need; its
 Nodes 2.0 mode draws each node as a page element whose least size is its own (both recorded from the real
-editor in ``node_sizes.json`` by ``scripts/record_node_sizes.py``: ``sizes`` the canvas's, ``vue`` the Nodes
-2.0 box with its header). A group's box is its nodes' boxes with a margin and a title band above
-(``formats.to_editor``). ``arrange`` puts each node in its column (left to right, the way the data flows,
-every node as wide as its column); ``settle`` moves nodes down their column until no node's drawn box, nor a
-group's box, runs into another's; ``check_group_titles`` refuses a group title wider than its group.
+editor in ``node_sizes.json`` by ``scripts/record_node_sizes.py``: ``sizes`` the canvas's, every widget
+counted; ``vue`` and ``vue_open`` the Nodes 2.0 box with its header, advanced inputs folded and shown). A node
+is stored as tall as Nodes 2.0 draws it (``stored_size``: what it shows) and laid out as tall as the classic
+canvas draws it (``drawn_height``), and as wide as its texts need uncut (``text_width_needed``, from the
+editor's font advances and widget labels recorded beside the sizes). A group's box is its nodes' boxes with a
+margin and a title band above (``formats.to_editor``). ``arrange`` puts each node in its column (left to
+right, the way the data flows, every node as wide as its column); ``settle`` moves nodes down their column
+until no node's drawn box, nor a group's box, runs into another's; ``check_group_titles`` refuses a group
+title wider than its group.
 
 A template opened from the template browser is fitted to the window (the editor's ``fitView``: the nodes'
 boxes plus 10 px, at 0.75 of the scale that fills the window) whatever view the file stores; the editor draws
@@ -18,6 +22,7 @@ readable as it opens.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 SIZES_FILE = Path(__file__).resolve().parent / "node_sizes.json"
@@ -51,38 +56,92 @@ MEASURE = """(types) => {
 }"""
 
 
-# The same in Nodes 2.0 (the editor's Vue nodes): each new node's element, its header included, once drawn.
+# The same in Nodes 2.0 (the editor's Vue nodes): each new node's element, its header included, once drawn
+# (the pack's web/folded_size.js leaves folded advanced inputs out of it), the same with its advanced inputs
+# shown (for a node that has some), and the room the element keeps beside a combo's value: the node's width
+# less the value's box, plus the box's padding.
 MEASURE_VUE = """async (types) => {
-    const sizes = {};
+    const sizes = {}, open = {}, rooms = {};
     window.app.graph.clear();
     window.app.canvas.ds.scale = 1;
     window.app.canvas.ds.offset = [0, 0];
-    for (const type of types) {
+    const drawn = async (type, showAdvanced) => {
         const node = window.LiteGraph.createNode(type);
-        if (!node) continue;
+        if (!node) return null;
+        if (showAdvanced) node.showAdvanced = true;
         node.pos = [100, 100];
         window.app.graph.add(node);
         await new Promise((resolve) => setTimeout(resolve, 400));
         const element = document.querySelector(`[data-node-id='${node.id}']`);
+        let size = null;
         if (element) {
             const r = element.getBoundingClientRect();
-            sizes[type] = [Math.ceil(r.width), Math.ceil(r.height)];
+            size = [Math.ceil(r.width), Math.ceil(r.height)];
+            const values = new Set((node.widgets ?? []).filter((w) => w.type === "combo" && w.value)
+                .map((w) => String(w.value)));
+            for (const e of element.querySelectorAll("*")) {
+                const style = getComputedStyle(e);
+                const text = e.textContent.trim();
+                if (e.children.length || style.textOverflow !== "ellipsis" || !values.has(text)) continue;
+                const pad = parseFloat(style.paddingLeft) + parseFloat(style.paddingRight);
+                const room = Math.ceil(r.width - e.getBoundingClientRect().width + pad);
+                rooms[type] = Math.max(rooms[type] ?? 0, room);
+            }
         }
+        const advanced = (node.widgets ?? []).some((w) => w.options?.advanced);
         window.app.graph.remove(node);
+        return {size, advanced};
+    };
+    for (const type of types) {
+        const folded = await drawn(type, false);
+        if (!folded || !folded.size) continue;
+        sizes[type] = folded.size;
+        if (folded.advanced) open[type] = (await drawn(type, true)).size;
     }
-    return sizes;
+    return {sizes, open, rooms};
+}"""
+
+# The label and the number precision of each widget of each node type, as the classic canvas draws them, and
+# the advance of each printable ASCII character in the canvas's widget and title fonts (the editor ships its
+# font, Inter, so these are the same on every machine).
+MEASURE_TEXT = """async (types) => {
+    const L = window.LiteGraph;
+    const fonts = {widget: `normal ${L.NODE_SUBTEXT_SIZE}px ${L.NODE_FONT}`,
+                   title: `${L.NODE_TEXT_SIZE}px ${L.NODE_FONT}`};
+    await Promise.all(Object.values(fonts).map((font) => document.fonts.load(font)));
+    const ctx = document.createElement("canvas").getContext("2d");
+    const advances = {};
+    for (const [name, font] of Object.entries(fonts)) {
+        ctx.font = font;
+        const advance = {};
+        for (let c = 32; c < 127; c++) {
+            const ch = String.fromCharCode(c);
+            advance[ch] = Math.round(ctx.measureText(ch).width * 100) / 100;
+        }
+        advances[name] = {font, advance};
+    }
+    const widgets = {};
+    for (const type of types) {
+        const node = L.createNode(type);
+        if (!node) continue;
+        widgets[type] = Object.fromEntries((node.widgets ?? []).map((w) => [w.name, [
+            String(w.displayName ?? w.label ?? w.name), w.options?.precision ?? null]]));
+    }
+    return {fonts: advances, widgets};
 }"""
 
 
-def recorded_sizes(table: str = "sizes") -> dict[str, tuple[int, int]]:
-    if not SIZES_FILE.exists():
-        return {}
-    recorded = json.loads(SIZES_FILE.read_text(encoding="utf-8")).get(table, {})
-    return {k: tuple(v) for k, v in recorded.items()}
+def _record() -> dict:
+    return json.loads(SIZES_FILE.read_text(encoding="utf-8")) if SIZES_FILE.exists() else {}
 
 
-MIN_SIZES = recorded_sizes()
-VUE_SIZES = recorded_sizes("vue")  # Nodes 2.0: the node's box, its header included
+RECORD = _record()
+MIN_SIZES = {k: tuple(v) for k, v in RECORD.get("sizes", {}).items()}  # the classic canvas, every widget
+VUE_SIZES = {k: tuple(v) for k, v in RECORD.get("vue", {}).items()}  # Nodes 2.0: the box, its header included
+VUE_OPEN = {k: tuple(v) for k, v in RECORD.get("vue_open", {}).items()}  # the same, advanced inputs shown
+VUE_ROOMS: dict[str, int] = RECORD.get("vue_rooms", {})  # Nodes 2.0: the width a combo's value does not get
+WIDGETS: dict[str, dict[str, list]] = RECORD.get("widgets", {})  # type -> widget -> [label, precision]
+FONTS: dict[str, dict] = RECORD.get("fonts", {})
 
 
 def least_size(node_type: str) -> tuple[float, float]:
@@ -92,11 +151,89 @@ def least_size(node_type: str) -> tuple[float, float]:
     return (max(classic[0], vue[0]), max(classic[1], vue[1] - TITLE_HEIGHT))
 
 
-def drawn_size(node_type: str, size) -> tuple[float, float]:
-    """The size the editor draws a node at: the stored one, enlarged to the room its widgets need on the
-    classic canvas and in Nodes 2.0."""
+# What the classic canvas keeps of a node's width beside a widget's label and value (drawTruncatingText: two
+# margins of 15 px each side, and for a stepped widget 5 px before the label and 20 px for its arrows); a
+# toggle draws its label from 30 px and its value up to 40 px from the right edge. Label and value are
+# drawn whole when they fit with the 5 px gap between them; else the label is cut first.
+CLASSIC_ROOM = {"COMBO": 85, "INT": 85, "FLOAT": 85, "STRING": 60, "BOOLEAN": 70}
+LABEL_GAP = 5
+TITLE_ROOM = 60  # the title is drawn from 30 px and cut 30 px before the right edge
+TEXT_SLACK = 4  # px: kerning and rounding, beside the sum of the characters' advances
+
+
+def text_width(text: str, font: str = "widget") -> float:
+    """The drawn width of ``text`` in the editor's canvas ``font`` (``widget`` or ``title``), from the
+    recorded advances (a character outside them counts as the widest)."""
+    advance = FONTS[font]["advance"]
+    widest = max(advance.values())
+    return sum(advance.get(c, widest) for c in str(text)) + TEXT_SLACK
+
+
+def shown_texts(node_type: str, values: dict) -> list[tuple[str, str, str]]:
+    """(widget type, label, value as drawn) of each widget the classic canvas draws as a label and a value."""
+    from .schemas import NODE_SPECS  # the schemas import the pack; this module alone must not
+
+    spec = NODE_SPECS[node_type]
+    if spec.frontend_only:
+        return []
+    recorded = WIDGETS.get(node_type, {})
+    texts = []
+    for w in spec.widgets:
+        if w.type == "IMAGEUPLOAD" or w.multiline:  # a button, or a text box of its own
+            continue
+        label, precision = recorded.get(w.name, [w.label or w.name, None])
+        value = values[w.name]
+        if w.type == "FLOAT":
+            value = f"{float(value):.{3 if precision is None else int(precision)}f}"
+        elif w.type == "INT":
+            value = str(int(value))
+        elif w.type == "BOOLEAN":
+            value = "true" if value else "false"
+        texts.append((w.type, label, str(value)))
+        if w.control_after_generate:
+            label = recorded.get("control_after_generate", ["control_after_generate"])[0]
+            texts.append(("COMBO", label, "randomize"))
+    return texts
+
+
+def text_width_needed(node_type: str, values: dict, title: str | None = None) -> float:
+    """The least width at which the editor cuts none of a node's texts: on the classic canvas its title and
+    every widget's label and value, in Nodes 2.0 every combo's value."""
+    from .schemas import NODE_SPECS
+
+    if not FONTS:
+        return 0.0
+    texts = shown_texts(node_type, values)
+    need = text_width(title or NODE_SPECS[node_type].display_name, "title") + TITLE_ROOM
+    for kind, label, value in texts:
+        need = max(need, text_width(label) + LABEL_GAP + text_width(value) + CLASSIC_ROOM[kind])
+    room = VUE_ROOMS.get(node_type)
+    if room is not None:
+        for kind, _, value in texts:
+            if kind == "COMBO":
+                need = max(need, text_width(value) + room)
+    return need
+
+
+def stored_size(
+    node_type: str, size, values: dict, title: str | None = None, show_advanced: bool = False
+) -> tuple[float, float]:
+    """The size the file stores for a node: at least as wide as either renderer draws it and as its texts
+    need, and as tall as Nodes 2.0 draws it (what it shows: its advanced inputs folded, or shown where
+    ``show_advanced``). The classic canvas enlarges a node to every widget's row on opening
+    (``drawn_height``); the layout makes room for that."""
     least = least_size(node_type)
-    return (max(size[0], least[0]), max(size[1], least[1]))
+    if show_advanced and node_type in VUE_OPEN:
+        least = (max(least[0], VUE_OPEN[node_type][0]), least[1])
+    width = math.ceil(max(size[0], least[0], text_width_needed(node_type, values, title)))
+    vue = (VUE_OPEN if show_advanced else VUE_SIZES).get(node_type) or VUE_SIZES.get(node_type)
+    height = vue[1] - TITLE_HEIGHT if vue else MIN_SIZES.get(node_type, (0, 0))[1]
+    return (float(width), float(max(size[1], height)))
+
+
+def drawn_height(node) -> float:
+    """The height the classic canvas draws a node at (every widget's row)."""
+    return max(node.size[1], MIN_SIZES.get(node.type, (0, 0))[1])
 
 
 def title_width(title: str, font_size: int = GROUP_FONT) -> float:
@@ -110,8 +247,7 @@ Box = tuple[float, float, float, float]  # x0, y0, x1, y1
 def node_box(node) -> Box:
     """What the editor draws of a node: its body and the title bar above it."""
     x, y = node.pos
-    w, h = node.size
-    return (x, y - TITLE_HEIGHT, x + w, y + h)
+    return (x, y - TITLE_HEIGHT, x + node.size[0], y + drawn_height(node))
 
 
 def group_box(nodes) -> Box:
@@ -120,7 +256,7 @@ def group_box(nodes) -> Box:
         min(n.pos[0] for n in nodes) - GROUP_MARGIN,
         min(n.pos[1] for n in nodes) - GROUP_TOP,
         max(n.pos[0] + n.size[0] for n in nodes) + GROUP_MARGIN,
-        max(n.pos[1] + n.size[1] for n in nodes) + GROUP_MARGIN,
+        max(n.pos[1] + drawn_height(n) for n in nodes) + GROUP_MARGIN,
     )
 
 

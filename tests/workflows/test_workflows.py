@@ -1034,8 +1034,15 @@ def test_the_regional_edit_workflow_wires_regions_and_a_reference_into_one_sampl
 
 
 def _drawn_boxes(wf: dict) -> tuple[list, list]:
-    """Node boxes (title bar above pos, as the editor draws it) and group boxes, as (x0, y0, x1, y1)."""
-    nodes = [(n["pos"][0], n["pos"][1] - 30, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+    """Node boxes (title bar above pos, as the classic canvas draws it: the stored height enlarged to every
+    widget's row, recorded from the real editor) and group boxes, as (x0, y0, x1, y1)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from workflow_builder.sizes import MIN_SIZES
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    nodes = [(n["pos"][0], n["pos"][1] - 30, n["pos"][0] + n["size"][0],
+              n["pos"][1] + max(n["size"][1], MIN_SIZES.get(n["type"], (0, 0))[1]))
              for n in wf["nodes"]]  # fmt: skip
     groups = [(g["bounding"][0], g["bounding"][1], g["bounding"][0] + g["bounding"][2],
                g["bounding"][1] + g["bounding"][3]) for g in wf["groups"]]  # fmt: skip
@@ -1048,9 +1055,10 @@ def _touch(a, b) -> bool:
 
 @pytest.mark.parametrize("name", NAMES, ids=str)
 def test_the_layout_holds_at_the_sizes_the_editor_draws(name):
-    # every node at least the size the editor enlarges it to on the classic canvas and in Nodes 2.0 (both
-    # recorded from the real editor), none touching another, no two groups touching, no node inside a group it
-    # is not in, every group title inside its group
+    # every node at least as wide as the editor draws it on the classic canvas and in Nodes 2.0 (both
+    # recorded from the real editor) and as tall as Nodes 2.0 draws it (the classic canvas enlarges it to
+    # every widget's row on opening: the boxes below count that), none touching another, no two groups
+    # touching, no node inside a group it is not in, every group title inside its group
     sys.path.insert(0, str(REPO / "scripts"))
     try:
         from workflow_builder.sizes import MIN_SIZES, TITLE_HEIGHT, VUE_SIZES, title_width
@@ -1059,7 +1067,7 @@ def test_the_layout_holds_at_the_sizes_the_editor_draws(name):
     wf = editor(name)
     for n in wf["nodes"]:
         least, vue = MIN_SIZES[n["type"]], VUE_SIZES[n["type"]]
-        assert n["size"][0] >= least[0] and n["size"][1] >= least[1], (name, n["type"])
+        assert n["size"][0] >= least[0], (name, n["type"])
         assert n["size"][0] >= vue[0] and n["size"][1] + TITLE_HEIGHT >= vue[1], (
             name,
             n["type"],
@@ -1074,6 +1082,31 @@ def test_the_layout_holds_at_the_sizes_the_editor_draws(name):
                    and box[1] <= nb[1] and nb[3] <= box[3]]  # fmt: skip
         assert inside == members, f"{name}: a node reaches into group {g['title']!r} without being in it"
         assert title_width(g["title"]) < box[2] - box[0], (name, g["title"])
+
+
+@pytest.mark.parametrize("name", NAMES, ids=str)
+def test_every_node_is_as_wide_as_its_texts_and_shows_what_it_sets(name):
+    # as wide as its title, labels and values need uncut on the classic canvas and its combos' values in Nodes
+    # 2.0 (from the editor's recorded font advances; the real editor's check is
+    # tests/integration/test_frontend_text.py), and a node that sets an advanced input away from its default
+    # opens with its advanced inputs shown
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from workflow_builder.schemas import NODE_DOCS
+        from workflow_builder.sizes import text_width, text_width_needed
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    assert text_width("model_name") < text_width("model_name: flux-2-klein-4b.safetensors")
+    for n in editor(name)["nodes"]:
+        values = {} if n["type"] == "MarkdownNote" else editor_widget_values(n)
+        need = text_width_needed(n["type"], values, n.get("title"))
+        assert n["size"][0] >= need > 60, (name, n["type"], n["size"][0], need)
+        doc = NODE_DOCS.get(n["type"])
+        if doc is not None:
+            sets = [
+                i.name for i in doc.inputs if i.advanced and i.name in values and values[i.name] != i.default
+            ]
+            assert bool(n.get("showAdvanced")) == bool(sets), (name, n["type"], sets)
 
 
 def test_the_high_resolution_workflows():
