@@ -127,7 +127,7 @@ def test_the_builders_nodes_2_0_sizes_are_the_editors(comfy, browser):
     # the workflow builder lays nodes out at least this large (scripts/record_node_sizes.py records them)
     sys.path.insert(0, str(REPO / "scripts" / "workflow_builder"))
     try:
-        from sizes import MEASURE_VUE, VUE_SIZES  # the module alone: the builder's package imports the pack
+        from sizes import MEASURE_VUE, VUE_OPEN, VUE_ROOMS, VUE_SIZES  # the module alone (see test_frontend)
     finally:
         sys.path.remove(str(REPO / "scripts" / "workflow_builder"))
     saved = _setting(comfy, "Comfy.VueNodes.Enabled")
@@ -138,14 +138,18 @@ def test_the_builders_nodes_2_0_sizes_are_the_editors(comfy, browser):
         page.context.close()
     finally:
         _setting(comfy, "Comfy.VueNodes.Enabled", bool(saved))
-    assert sorted(drawn) == sorted(VUE_SIZES)
-    for node_type, (w, h) in drawn.items():
-        least = VUE_SIZES[node_type]
-        # 1 px for rounding: the recorded sizes were read rounded, the measurement rounds up
-        assert w <= least[0] + 1 and h <= least[1] + 1, (
-            f"{node_type}: Nodes 2.0 draws it at {w}x{h}, the builder assumes {least}: run "
-            "scripts/record_node_sizes.py"
-        )
+    assert sorted(drawn["sizes"]) == sorted(VUE_SIZES)
+    assert sorted(drawn["open"]) == sorted(VUE_OPEN)
+    for table, recorded in (("sizes", VUE_SIZES), ("open", VUE_OPEN)):
+        for node_type, (w, h) in drawn[table].items():
+            least = recorded[node_type]
+            # 1 px for rounding: the recorded sizes were read rounded, the measurement rounds up
+            assert w <= least[0] + 1 and h <= least[1] + 1, (
+                f"{node_type}: Nodes 2.0 draws it at {w}x{h} ({table}), the builder assumes {least}: run "
+                "scripts/record_node_sizes.py"
+            )
+    for node_type, room in drawn["rooms"].items():
+        assert room <= VUE_ROOMS.get(node_type, 0) + 1, (node_type, room, "run scripts/record_node_sizes.py")
 
 
 def _pack_section(browser, comfy):
