@@ -1033,14 +1033,21 @@ def test_the_regional_edit_workflow_wires_regions_and_a_reference_into_one_sampl
     assert (sampler["inputs"]["width"], sampler["inputs"]["height"]) == (0, 0)  # the photo's size
 
 
+def _builder(module: str):
+    """A module of the workflow builder (``scripts/workflow_builder``), imported as its script does."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        return importlib.import_module(f"workflow_builder.{module}")
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+
+
 def _drawn_boxes(wf: dict) -> tuple[list, list]:
     """Node boxes (title bar above pos, as the classic canvas draws it: the stored height enlarged to every
     widget's row, recorded from the real editor) and group boxes, as (x0, y0, x1, y1)."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from workflow_builder.sizes import MIN_SIZES
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    MIN_SIZES = _builder("sizes").MIN_SIZES
     nodes = [(n["pos"][0], n["pos"][1] - 30, n["pos"][0] + n["size"][0],
               n["pos"][1] + max(n["size"][1], MIN_SIZES.get(n["type"], (0, 0))[1]))
              for n in wf["nodes"]]  # fmt: skip
@@ -1059,11 +1066,8 @@ def test_the_layout_holds_at_the_sizes_the_editor_draws(name):
     # recorded from the real editor) and as tall as Nodes 2.0 draws it (the classic canvas enlarges it to
     # every widget's row on opening: the boxes below count that), none touching another, no two groups
     # touching, no node inside a group it is not in, every group title inside its group
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from workflow_builder.sizes import MIN_SIZES, TITLE_HEIGHT, VUE_SIZES, title_width
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    sizes = _builder("sizes")
+    MIN_SIZES, TITLE_HEIGHT, VUE_SIZES = sizes.MIN_SIZES, sizes.TITLE_HEIGHT, sizes.VUE_SIZES
     wf = editor(name)
     for n in wf["nodes"]:
         least, vue = MIN_SIZES[n["type"]], VUE_SIZES[n["type"]]
@@ -1081,7 +1085,7 @@ def test_the_layout_holds_at_the_sizes_the_editor_draws(name):
         members = [n for n, nb in zip(wf["nodes"], nodes) if box[0] <= nb[0] and nb[2] <= box[2]
                    and box[1] <= nb[1] and nb[3] <= box[3]]  # fmt: skip
         assert inside == members, f"{name}: a node reaches into group {g['title']!r} without being in it"
-        assert title_width(g["title"]) < box[2] - box[0], (name, g["title"])
+        assert sizes.title_width(g["title"]) < box[2] - box[0], (name, g["title"])
 
 
 @pytest.mark.parametrize("name", NAMES, ids=str)
@@ -1090,12 +1094,8 @@ def test_every_node_is_as_wide_as_its_texts_and_shows_what_it_sets(name):
     # 2.0 (from the editor's recorded font advances; the real editor's check is
     # tests/integration/test_frontend_text.py), and a node that sets an advanced input away from its default
     # opens with its advanced inputs shown
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from workflow_builder.schemas import NODE_DOCS
-        from workflow_builder.sizes import text_width, text_width_needed
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    NODE_DOCS = _builder("schemas").NODE_DOCS
+    text_width, text_width_needed = _builder("sizes").text_width, _builder("sizes").text_width_needed
     assert text_width("model_name") < text_width("model_name: flux-2-klein-4b.safetensors")
     for n in editor(name)["nodes"]:
         values = {} if n["type"] == "MarkdownNote" else editor_widget_values(n)
