@@ -7,7 +7,8 @@ included), whatever size the file stores; in Nodes 2.0 each node is a page eleme
 own (recorded with its header, with Nodes 2.0 switched on for the measurement and back off after it), and
 the room it keeps beside a combo's value. With them: each widget's label and number precision, and the
 advance of each character in the canvas's fonts, so the builder can make every node wide enough that no
-label, value or title is cut. ``--merge`` keeps the larger of two editor versions' figures.
+label, value or title is cut. ``--merge`` keeps the larger of two editor versions' figures (and of two
+input folders': a Load Image is drawn taller in Nodes 2.0 with no picture to show than with one).
 The builder lays the bundled workflows out with these sizes, so no
 node hides another once drawn (``workflow_builder/node_sizes.json``). Needs ``playwright`` and a Chromium;
 the integration tests check the recorded sizes against the editor the server serves

@@ -71,7 +71,15 @@ MEASURE_VUE = """async (types) => {
         if (showAdvanced) node.showAdvanced = true;
         node.pos = [100, 100];
         window.app.graph.add(node);
-        await new Promise((resolve) => setTimeout(resolve, 400));
+        // drawn once its size holds (a Load Image's picture arrives after the node)
+        let last = "";
+        for (let i = 0; i < 10; i++) {
+            await new Promise((resolve) => setTimeout(resolve, 400));
+            const e = document.querySelector(`[data-node-id='${node.id}']`);
+            const now = e ? `${e.getBoundingClientRect().width}x${e.getBoundingClientRect().height}` : "";
+            if (now && now === last) break;
+            last = now;
+        }
         const element = document.querySelector(`[data-node-id='${node.id}']`);
         let size = null;
         if (element) {

@@ -76,7 +76,13 @@ def classic(comfy, browser):
     saved = _setting(comfy, "Comfy.VueNodes.Enabled")
     _setting(comfy, "Comfy.VueNodes.Enabled", False)
     pages = {}
-    yield lambda size: pages.setdefault(size, _editor(browser, comfy, WINDOWS[size]))
+
+    def page(size: str):
+        if size not in pages:  # one page per window size, opened once
+            pages[size] = _editor(browser, comfy, WINDOWS[size])
+        return pages[size]
+
+    yield page
     for page in pages.values():
         page.context.close()
     _setting(comfy, "Comfy.VueNodes.Enabled", bool(saved))
