@@ -16,8 +16,7 @@ except ImportError:
 else:
     import os
 
-    from .nodes import comfy_entrypoint
-    from .nodes.template_pictures import add_routes
+    from .nodes import comfy_entrypoint, help_pages, template_pictures
 
     try:
         from server import PromptServer  # ComfyUI's web server, created before the packs load
@@ -27,6 +26,10 @@ else:
         # The template cards' pictures where the core's route would answer 404 (nodes/template_pictures.py);
         # the folder's name as ComfyUI lists the pack's templates under (not the link's target).
         _pack = os.path.dirname(os.path.abspath(__file__))
-        add_routes(PromptServer.instance.routes, os.path.basename(_pack), os.path.join(_pack, "workflows"))
+        _name = os.path.basename(_pack)
+        template_pictures.add_routes(PromptServer.instance.routes, _name, os.path.join(_pack, "workflows"))
+        # The help page in the editor's language, or English, at the first URL the help panel asks
+        # (nodes/help_pages.py).
+        help_pages.add_routes(PromptServer.instance.routes, _name, os.path.join(_pack, "web", "docs"))
 
     __all__ = ["WEB_DIRECTORY", "comfy_entrypoint"]

@@ -1,6 +1,7 @@
-"""Every node's help page in the real editor (headless Chromium, a 1366x768 window), in English and Chinese:
-the help panel's first request is the page (no 404 before a fallback), and the page fits the panel (about
-235 px wide there): no element nor line of text runs past its right edge.
+"""Every node's help page in the real editor (headless Chromium, a 1366x768 window), in English and Chinese,
+and in Japanese (a language the pack has no pages in: the English page): the help panel's first request is
+the page (no 404 before a fallback), and the page fits the panel (about 235 px wide there): no element nor
+line of text runs past its right edge.
 
 COMFYUI_FRONTEND_ROOT runs it under another frontend build (1.47.10 is ComfyUI 0.29's, 1.58.1 was checked
 too). Needs ``playwright`` and a Chromium; skipped with the reason without them.
@@ -39,7 +40,7 @@ WIDTHS = """() => {
 }"""
 
 
-@pytest.mark.parametrize("locale", ["en", "zh"])
+@pytest.mark.parametrize("locale", ["en", "zh", "ja"])
 def test_every_nodes_help_is_asked_where_it_is_and_fits_the_panel(comfy, browser, settings, locale):  # noqa: F811  (settings)
     settings("Comfy.Locale", locale)
     responses = []
