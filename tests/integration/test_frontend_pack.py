@@ -89,11 +89,12 @@ def test_the_template_browser_shows_the_pack_with_a_thumbnail_per_workflow(comfy
     section.first.click()
     page.wait_for_timeout(2500)
     cards = page.locator("[data-testid^=template-workflow-]")
-    seen = -1
-    while cards.count() != seen:  # the grid adds cards as the last ones scroll into view
-        seen = cards.count()
-        cards.nth(seen - 1).scroll_into_view_if_needed()
+    for _ in range(40):  # the grid adds cards as the last ones scroll into view (slowly on a loaded machine)
+        if cards.count() >= len(cards_expected):
+            break
+        cards.nth(cards.count() - 1).scroll_into_view_if_needed()
         page.wait_for_timeout(500)
+    page.wait_for_timeout(500)  # no card beyond them either
     assert cards.count() == len(cards_expected)
     for i in range(cards.count()):  # the cards load their pictures as they scroll into view
         cards.nth(i).scroll_into_view_if_needed()
