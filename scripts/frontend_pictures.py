@@ -276,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                         window.app.graph.clear();
                         for (const [type, x] of [["Flux2KleinModelLoader", 80], ["Flux2KleinSampler", 560]]) {
                             const node = window.LiteGraph.createNode(type);
+                            const model = node.widgets.find((w) => w.name === "model_name");
+                            const file = "flux-2-klein-4b.safetensors";  // the first-run model
+                            if (model && model.options.values.includes(file)) model.value = file;
                             node.pos = [x, 140];
                             window.app.graph.add(node);
                         }
