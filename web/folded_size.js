@@ -6,7 +6,7 @@
 // folded is enlarged to every row the first time the classic canvas draws it (Nodes 2.0 switched off).
 import { app } from "../../scripts/app.js";
 
-const pack = new URL(import.meta.url).pathname.split("/")[2]; // /extensions/<pack folder>/...
+const pack = decodeURIComponent(new URL(import.meta.url).pathname.split("/")[2]); // /extensions/<pack folder>/
 const ROW_GAP = 4; // the classic canvas's space after each widget row
 
 function setting(id) {
