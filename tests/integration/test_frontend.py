@@ -91,27 +91,22 @@ def _overlap(a, b) -> bool:
 
 
 @pytest.fixture(scope="module")
-def editor(comfy):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the frontend check needs playwright")
-    if not CHROMIUM:
-        pytest.skip("no Chromium found (install chromium or set CHROMIUM): the frontend check needs one")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        page = browser.new_page(viewport=LAPTOP)
-        page.goto(comfy.url)
-        # the app object exists before the node definitions arrive from /object_info: wait for ours too
-        ready = ("() => window.app && window.app.graph && window.LiteGraph && "
-                 "'Flux2KleinSampler' in window.LiteGraph.registered_node_types")  # fmt: skip
-        page.wait_for_function(ready, timeout=120_000)
-        # the editor's own start-up (its default graph) can still replace the first graph loaded: open one
-        # until it stays, before the checks
-        first = json.loads(EDITOR_WORKFLOWS[0].read_text(encoding="utf-8"))
-        for _ in range(20):
-            if page.evaluate(OPEN, first):
-                break
-            page.wait_for_timeout(500)
-        yield page
-        browser.close()
+def editor(comfy, browser):
+    page = browser.new_page(viewport=LAPTOP)
+    page.goto(comfy.url)
+    # the app object exists before the node definitions arrive from /object_info: wait for ours too
+    ready = ("() => window.app && window.app.graph && window.LiteGraph && "
+             "'Flux2KleinSampler' in window.LiteGraph.registered_node_types")  # fmt: skip
+    page.wait_for_function(ready, timeout=120_000)
+    # the editor's own start-up (its default graph) can still replace the first graph loaded: open one
+    # until it stays, before the checks
+    first = json.loads(EDITOR_WORKFLOWS[0].read_text(encoding="utf-8"))
+    for _ in range(20):
+        if page.evaluate(OPEN, first):
+            break
+        page.wait_for_timeout(500)
+    yield page
+    page.close()
 
 
 @pytest.mark.parametrize("path", EDITOR_WORKFLOWS, ids=lambda p: p.stem)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -70,22 +71,35 @@ def _close_dialogs(page) -> None:
         page.wait_for_timeout(300)
 
 
+@contextmanager
+def editor_pages(comfy, browser):
+    """``page(vue, size)``: an editor page on the classic canvas or in Nodes 2.0, in a window of ``size``,
+    each opened once; one renderer's pages open at a time (the setting is the server's), the setting put back
+    after."""
+    saved = _setting(comfy, "Comfy.VueNodes.Enabled")
+    pages = {}
+
+    def page(vue: bool, size: str = "1920x1080"):
+        if (vue, size) not in pages:
+            for key in [k for k in pages if k[0] != vue]:
+                pages.pop(key).context.close()
+            _setting(comfy, "Comfy.VueNodes.Enabled", vue)
+            pages[(vue, size)] = _editor(browser, comfy, WINDOWS[size])
+        return pages[(vue, size)]
+
+    try:
+        yield page
+    finally:
+        for opened in pages.values():
+            opened.context.close()
+        _setting(comfy, "Comfy.VueNodes.Enabled", bool(saved))
+
+
 @pytest.fixture(scope="module")
 def classic(comfy, browser):
     """An editor page per window size, on the classic canvas."""
-    saved = _setting(comfy, "Comfy.VueNodes.Enabled")
-    _setting(comfy, "Comfy.VueNodes.Enabled", False)
-    pages = {}
-
-    def page(size: str):
-        if size not in pages:  # one page per window size, opened once
-            pages[size] = _editor(browser, comfy, WINDOWS[size])
-        return pages[size]
-
-    yield page
-    for page in pages.values():
-        page.context.close()
-    _setting(comfy, "Comfy.VueNodes.Enabled", bool(saved))
+    with editor_pages(comfy, browser) as page:
+        yield lambda size: page(False, size)
 
 
 @pytest.mark.parametrize("size", WINDOWS)

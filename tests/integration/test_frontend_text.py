@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 from comfy_server import PACK_LINK
-from test_frontend_pack import _setting
-from test_frontend_templates import OPEN_AS_TEMPLATE, TEMPLATES, WINDOWS, _editor
+from test_frontend_templates import OPEN_AS_TEMPLATE, TEMPLATES, editor_pages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,23 +100,9 @@ VUE_TEXT = """async () => {
 
 @pytest.fixture(scope="module")
 def editors(comfy, browser):
-    """An editor page (1920x1080) per renderer: the classic canvas and Nodes 2.0."""
-    saved = _setting(comfy, "Comfy.VueNodes.Enabled")
-    pages = {}
-
-    def page(vue: bool):
-        if vue not in pages:
-            for other in pages.values():  # one renderer's page at a time: the setting is the server's
-                other.context.close()
-            pages.clear()
-            _setting(comfy, "Comfy.VueNodes.Enabled", vue)
-            pages[vue] = _editor(browser, comfy, WINDOWS["1920x1080"])
-        return pages[vue]
-
-    yield page
-    for p in pages.values():
-        p.context.close()
-    _setting(comfy, "Comfy.VueNodes.Enabled", bool(saved))
+    """An editor page (1920x1080) per renderer: the classic canvas (False) and Nodes 2.0 (True)."""
+    with editor_pages(comfy, browser) as page:
+        yield lambda vue: page(vue)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)

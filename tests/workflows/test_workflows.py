@@ -1095,7 +1095,8 @@ def test_every_node_is_as_wide_as_its_texts_and_shows_what_it_sets(name):
     # tests/integration/test_frontend_text.py), and a node that sets an advanced input away from its default
     # opens with its advanced inputs shown
     NODE_DOCS = _builder("schemas").NODE_DOCS
-    text_width, text_width_needed = _builder("sizes").text_width, _builder("sizes").text_width_needed
+    sizes = _builder("sizes")
+    text_width, text_width_needed = sizes.text_width, sizes.text_width_needed
     assert text_width("model_name") < text_width("model_name: flux-2-klein-4b.safetensors")
     for n in editor(name)["nodes"]:
         values = {} if n["type"] == "MarkdownNote" else editor_widget_values(n)
